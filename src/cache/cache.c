@@ -1,0 +1,245 @@
+/* cache.c: KV cache views: geometry, validation, and the host implementations of the cache
+ * operations (write by slot mapping, copy_blocks, swap_blocks) and of merge_states. */
+#include "internal.h"
+
+pa_status pa_cache_init(pa_cache *c, pa_cache_layout layout, pa_dtype dtype, int64_t num_blocks,
+                        int32_t block_size, int32_t num_kv_heads, int32_t head_size)
+{
+    if (!c) return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_init: cache is NULL");
+    if (!pa__dtype_valid(dtype) || (layout != PA_LAYOUT_NHD && layout != PA_LAYOUT_HND))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_init: bad dtype %d or layout %d",
+                        (int)dtype, (int)layout);
+    if (num_blocks < 1 || block_size < 1 || num_kv_heads < 1 || head_size < 1)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "pa_cache_init: num_blocks %lld, block_size %d, num_kv_heads %d, "
+                        "head_size %d must all be >= 1",
+                        (long long)num_blocks, block_size, num_kv_heads, head_size);
+    int64_t per_block = (int64_t)block_size * num_kv_heads * head_size, total;
+    if (!pa__mul_i64(per_block, num_blocks, &total) ||
+        (uint64_t)total > (uint64_t)INT64_MAX / 8)
+        return pa__fail(PA_STATUS_OVERFLOW, "pa_cache_init: %lld blocks of %lld elements overflow",
+                        (long long)num_blocks, (long long)per_block);
+    memset(c, 0, sizeof *c);
+    c->dtype = dtype;
+    c->memory = PA_MEMORY_HOST;
+    c->num_blocks = num_blocks;
+    c->block_size = block_size;
+    c->num_kv_heads = num_kv_heads;
+    c->head_size = head_size;
+    c->block_stride = per_block;
+    c->token_stride = layout == PA_LAYOUT_NHD ? (int64_t)num_kv_heads * head_size : head_size;
+    c->head_stride = layout == PA_LAYOUT_NHD ? head_size : (int64_t)block_size * head_size;
+    return PA_STATUS_OK;
+}
+
+/* Largest addressed element + 1, or -1 on overflow / bad geometry. */
+static int64_t span(const pa_cache *c)
+{
+    int64_t a, b, d, s;
+    if (!pa__mul_i64(c->num_blocks - 1, c->block_stride, &a) ||
+        !pa__mul_i64(c->block_size - 1, c->token_stride, &b) ||
+        !pa__mul_i64(c->num_kv_heads - 1, c->head_stride, &d) || !pa__add_i64(a, b, &s) ||
+        !pa__add_i64(s, d, &s) || !pa__add_i64(s, c->head_size, &s) ||
+        (uint64_t)s > (uint64_t)INT64_MAX / 8)
+        return -1;
+    return s;
+}
+
+int64_t pa_cache_pool_elems(const pa_cache *c) { return c ? span(c) : -1; }
+
+/* Distinct (b, t, h, d) map to distinct elements if, with the dimensions of extent > 1 sorted
+ * by stride, each stride is at least the span of the dimensions inside it. */
+static bool strides_injective(const pa_cache *c)
+{
+    int64_t st[4] = {1, c->head_stride, c->token_stride, c->block_stride};
+    int64_t ex[4] = {c->head_size, c->num_kv_heads, c->block_size, c->num_blocks};
+    for (int i = 1; i < 4; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+            int64_t t = st[j]; st[j] = st[j - 1]; st[j - 1] = t;
+            t = ex[j]; ex[j] = ex[j - 1]; ex[j - 1] = t;
+        }
+    int64_t inner = 0; /* span of the dimensions seen so far: max offset + 1 */
+    for (int i = 0; i < 4; i++) {
+        if (ex[i] == 1) continue;
+        if (st[i] < inner || st[i] < 1) return false;
+        int64_t extra;
+        if (!pa__mul_i64(ex[i] - 1, st[i], &extra) || !pa__add_i64(inner == 0 ? 1 : inner, extra, &inner))
+            return false;
+    }
+    return true;
+}
+
+pa_status pa__cache_validate(const pa_cache *c, const char *what)
+{
+    if (!c) return pa__fail(PA_STATUS_NULL_POINTER, "%s: cache is NULL", what);
+    if (!c->key || !c->value)
+        return pa__fail(PA_STATUS_NULL_POINTER, "%s: cache key/value pool pointer is NULL", what);
+    if (!pa__dtype_valid(c->dtype))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: cache dtype %d is not a pa_dtype", what,
+                        (int)c->dtype);
+    if (c->memory != PA_MEMORY_HOST && c->memory != PA_MEMORY_CUDA)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: cache memory %d is not a pa_memory", what,
+                        (int)c->memory);
+    if (c->num_blocks < 1 || c->block_size < 1 || c->num_kv_heads < 1 || c->head_size < 1)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: cache num_blocks %lld, block_size %d, num_kv_heads %d, head_size %d "
+                        "must all be >= 1",
+                        what, (long long)c->num_blocks, c->block_size, c->num_kv_heads,
+                        c->head_size);
+    if (c->block_stride < 0 || c->token_stride < 0 || c->head_stride < 0 || span(c) < 0)
+        return pa__fail(PA_STATUS_OVERFLOW,
+                        "%s: cache strides (block %lld, token %lld, head %lld) are negative or "
+                        "overflow",
+                        what, (long long)c->block_stride, (long long)c->token_stride,
+                        (long long)c->head_stride);
+    if (!strides_injective(c))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: cache strides (block %lld, token %lld, head %lld) with head_size %d "
+                        "make distinct elements overlap",
+                        what, (long long)c->block_stride, (long long)c->token_stride,
+                        (long long)c->head_stride, c->head_size);
+    return PA_STATUS_OK;
+}
+
+pa_status pa_cache_alloc(pa_cache *c)
+{
+    if (!c) return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_alloc: cache is NULL");
+    int64_t n = span(c);
+    if (c->num_blocks < 1 || c->block_size < 1 || c->num_kv_heads < 1 || c->head_size < 1 ||
+        !pa__dtype_valid(c->dtype) || n < 0)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_alloc: invalid cache geometry");
+    size_t bytes = (size_t)n * pa_dtype_size(c->dtype);
+    void *k = pa__calloc(1, bytes), *v = pa__calloc(1, bytes);
+    if (!k || !v) {
+        pa__free(k);
+        pa__free(v);
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_cache_alloc: %zu bytes per pool", bytes);
+    }
+    c->key = k;
+    c->value = v;
+    c->memory = PA_MEMORY_HOST;
+    return PA_STATUS_OK;
+}
+
+void pa_cache_free(pa_cache *c)
+{
+    if (!c) return;
+    pa__free(c->key);
+    pa__free(c->value);
+    c->key = c->value = NULL;
+}
+
+pa_status pa_cache_read_token(const pa_cache *c, int64_t slot, float k_scale, float v_scale,
+                              float *key_out, float *value_out)
+{
+    pa_status s = pa__cache_validate(c, "pa_cache_read_token");
+    if (s) return s;
+    if (c->memory != PA_MEMORY_HOST)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_read_token: host memory only");
+    if (slot < 0 || slot / c->block_size >= c->num_blocks)
+        return pa__fail(PA_STATUS_OUT_OF_RANGE, "pa_cache_read_token: slot %lld not in [0, %lld)",
+                        (long long)slot, (long long)(c->num_blocks * c->block_size));
+    float ks = pa__dtype_is_fp8(c->dtype) ? k_scale : 1.0f;
+    float vs = pa__dtype_is_fp8(c->dtype) ? v_scale : 1.0f;
+    for (int32_t h = 0; h < c->num_kv_heads; h++) {
+        int64_t off = pa__cache_offset(c, slot / c->block_size, slot % c->block_size, h);
+        for (int32_t d = 0; d < c->head_size; d++) {
+            if (key_out) key_out[h * c->head_size + d] = pa__load_f32(c->dtype, c->key, off + d) * ks;
+            if (value_out)
+                value_out[h * c->head_size + d] = pa__load_f32(c->dtype, c->value, off + d) * vs;
+        }
+    }
+    return PA_STATUS_OK;
+}
+
+/* One row of num_kv_heads * head_size source elements into one token slot of a pool; fp8
+ * pools store quant(x / scale). */
+static void write_row(const pa_cache *c, void *pool, int64_t slot, pa_dtype src_dtype,
+                      const void *src, int64_t src_off, float scale)
+{
+    int64_t block = slot / c->block_size, t = slot % c->block_size;
+    bool fp8 = pa__dtype_is_fp8(c->dtype);
+    size_t es = pa_dtype_size(src_dtype);
+    for (int32_t h = 0; h < c->num_kv_heads; h++) {
+        int64_t dst = pa__cache_offset(c, block, t, h);
+        int64_t s = src_off + (int64_t)h * c->head_size;
+        if (src_dtype == c->dtype) {
+            memcpy((char *)pool + dst * es, (const char *)src + s * es, (size_t)c->head_size * es);
+            continue;
+        }
+        for (int32_t d = 0; d < c->head_size; d++) {
+            float x = pa__load_f32(src_dtype, src, s + d);
+            pa__store_f32(c->dtype, pool, dst + d, fp8 ? x / scale : x);
+        }
+    }
+}
+
+void pa__cache_write_host(const pa_cache *c, pa_dtype src_dtype, const void *key,
+                          int64_t k_row_stride, const void *value, int64_t v_row_stride,
+                          const int64_t *slots, int64_t n, float k_scale, float v_scale)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (slots[i] < 0) continue;
+        write_row(c, c->key, slots[i], src_dtype, key, i * k_row_stride, k_scale);
+        write_row(c, c->value, slots[i], src_dtype, value, i * v_row_stride, v_scale);
+    }
+}
+
+/* Copies one block's tokens and heads (strides may differ between the two caches). */
+static void copy_block(const pa_cache *src, const void *src_pool, int64_t sb, const pa_cache *dst,
+                       void *dst_pool, int64_t db)
+{
+    size_t es = pa_dtype_size(src->dtype), row = (size_t)src->head_size * es;
+    for (int32_t t = 0; t < src->block_size; t++)
+        for (int32_t h = 0; h < src->num_kv_heads; h++)
+            memcpy((char *)dst_pool + pa__cache_offset(dst, db, t, h) * es,
+                   (const char *)src_pool + pa__cache_offset(src, sb, t, h) * es, row);
+}
+
+void pa__cache_copy_blocks_host(const pa_cache *caches, int32_t num_layers, const int64_t *pairs,
+                                int64_t num_pairs)
+{
+    for (int32_t l = 0; l < num_layers; l++)
+        for (int64_t p = 0; p < num_pairs; p++) {
+            const pa_cache *c = &caches[l];
+            copy_block(c, c->key, pairs[2 * p], c, c->key, pairs[2 * p + 1]);
+            copy_block(c, c->value, pairs[2 * p], c, c->value, pairs[2 * p + 1]);
+        }
+}
+
+void pa__cache_swap_blocks_host(const pa_cache *src, const pa_cache *dst, const int64_t *pairs,
+                                int64_t num_pairs)
+{
+    for (int64_t p = 0; p < num_pairs; p++) {
+        copy_block(src, src->key, pairs[2 * p], dst, dst->key, pairs[2 * p + 1]);
+        copy_block(src, src->value, pairs[2 * p], dst, dst->value, pairs[2 * p + 1]);
+    }
+}
+
+void pa__merge_states_host(const pa_merge_args *a)
+{
+    int64_t ts = a->lse_token_stride, hs = a->lse_head_stride;
+    for (int64_t t = 0; t < a->num_tokens; t++)
+        for (int32_t h = 0; h < a->num_heads; h++) {
+            int64_t li = t * ts + h * hs;
+            float la = a->lse_a[li], lb = a->lse_b[li];
+            if (la == INFINITY) la = -INFINITY;
+            if (lb == INFINITY) lb = -INFINITY;
+            float m = la > lb ? la : lb;
+            float wa = 0.0f, wb = 0.0f;
+            if (m != -INFINITY) {
+                wa = expf(la - m);
+                wb = expf(lb - m);
+            }
+            float sum = wa + wb;
+            float ca = sum > 0 ? wa / sum : 0.0f, cb = sum > 0 ? wb / sum : 0.0f;
+            int64_t base = (t * a->num_heads + h) * (int64_t)a->head_size;
+            for (int32_t d = 0; d < a->head_size; d++) {
+                float x = 0.0f;
+                if (ca > 0) x += pa__load_f32(a->dtype, a->out_a, base + d) * ca;
+                if (cb > 0) x += pa__load_f32(a->dtype, a->out_b, base + d) * cb;
+                pa__store_f32(a->dtype, a->out, base + d, x);
+            }
+            if (a->out_lse) a->out_lse[li] = sum > 0 ? m + logf(sum) : -INFINITY;
+        }
+}

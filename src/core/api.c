@@ -1,0 +1,393 @@
+/* api.c: the public entry points that run work on a backend: contexts, plans, forward and the
+ * cache operations. Each validates everything, then calls the backend's hook. */
+#include "internal.h"
+
+/* ---- contexts ------------------------------------------------------------------------------ */
+
+pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, pa_context **out)
+{
+    if (!b || !out)
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_create: backend and out must not be NULL");
+    *out = NULL;
+    char why[256];
+    if (!pa_backend_available(b, why, sizeof why))
+        return pa__fail(PA_STATUS_UNAVAILABLE, "backend \"%s\" cannot run here: %s", b->name, why);
+    pa_context_options defaults = {0, 0, NULL};
+    if (!opt) opt = &defaults;
+    if (opt->num_threads < 0)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_create: num_threads %d < 0",
+                        opt->num_threads);
+    struct pa_context *ctx = pa__calloc(1, sizeof *ctx);
+    if (!ctx) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_context_create: out of memory");
+    ctx->backend = b;
+    pa_status s = b->context_create ? b->context_create(opt, &ctx->impl) : PA_STATUS_OK;
+    if (s) {
+        pa__free(ctx);
+        return s;
+    }
+    *out = ctx;
+    return PA_STATUS_OK;
+}
+
+void pa_context_destroy(pa_context *ctx)
+{
+    if (!ctx) return;
+    if (ctx->backend->context_destroy) ctx->backend->context_destroy(ctx->impl);
+    pa__free(ctx);
+}
+
+const pa_backend *pa_context_backend(const pa_context *ctx) { return ctx ? ctx->backend : NULL; }
+
+pa_status pa_context_set_num_threads(pa_context *ctx, int32_t n)
+{
+    if (!ctx) return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_set_num_threads: ctx is NULL");
+    if (n < 0) return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_set_num_threads: %d < 0", n);
+    return ctx->backend->set_num_threads ? ctx->backend->set_num_threads(ctx->impl, n) : PA_STATUS_OK;
+}
+
+int32_t pa_context_num_threads(const pa_context *ctx)
+{
+    if (!ctx) return 0;
+    return ctx->backend->num_threads ? ctx->backend->num_threads(ctx->impl) : 1;
+}
+
+pa_status pa_context_synchronize(pa_context *ctx)
+{
+    if (!ctx) return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_synchronize: ctx is NULL");
+    return ctx->backend->synchronize ? ctx->backend->synchronize(ctx->impl) : PA_STATUS_OK;
+}
+
+/* ---- plans --------------------------------------------------------------------------------- */
+
+pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, pa_plan **out)
+{
+    if (!ctx || !layer || !batch || !out)
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_plan_create: ctx, layer, batch and out must not be NULL");
+    *out = NULL;
+    const struct pa_backend *b = ctx->backend;
+    if (b->supports) {
+        pa_status s = b->supports(layer);
+        if (s) return s;
+    }
+    struct pa_plan *p = pa__calloc(1, sizeof *p);
+    if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_plan_create: out of memory");
+    p->backend = b;
+    p->ctx = ctx;
+    p->batch_id = batch->id;
+    p->num_heads = layer->cfg.num_heads;
+    p->num_kv_heads = layer->cfg.num_kv_heads;
+    p->head_size = layer->cfg.head_size;
+    p->attn_type = layer->cfg.attn_type;
+    pa_status s = b->plan_create ? b->plan_create(ctx->impl, layer, batch, &p->impl) : PA_STATUS_OK;
+    if (s) {
+        pa__free(p);
+        return s;
+    }
+    *out = p;
+    return PA_STATUS_OK;
+}
+
+void pa_plan_destroy(pa_plan *p)
+{
+    if (!p) return;
+    if (p->impl && p->backend->plan_destroy) p->backend->plan_destroy(p->impl);
+    pa__free(p);
+}
+
+/* ---- forward validation ---------------------------------------------------------------------- */
+
+/* Resolves a row stride (0 = contiguous) and checks it leaves rows disjoint. */
+static pa_status row_stride(int64_t *stride, int64_t row, const char *what)
+{
+    if (*stride == 0) *stride = row;
+    if (*stride < row)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s_row_stride %lld is less than a row (%lld elements)",
+                        what, (long long)*stride, (long long)row);
+    return PA_STATUS_OK;
+}
+
+/* A [rows, cols] array with strides (rs, cs) addresses distinct elements per (r, c). */
+static bool strides_2d_ok(int64_t rows, int64_t cols, int64_t rs, int64_t cs)
+{
+    if (rs < 0 || cs < 0) return false;
+    if (rows <= 1) return cols <= 1 || cs >= 1;
+    if (cols <= 1) return rs >= 1;
+    return (cs >= 1 && rs >= cs * cols) || (rs >= 1 && cs >= rs * rows);
+}
+
+static pa_status check_cache_for(const struct pa_context *ctx, const struct pa_layer *L,
+                                 const struct pa_batch *b, const pa_cache *c, bool cross)
+{
+    const char *what = cross ? "forward (cross cache)" : "forward (cache)";
+    pa_status s = pa__cache_validate(c, what);
+    if (s) return s;
+    if (c->dtype != L->cfg.cache_dtype || c->num_kv_heads != L->cfg.num_kv_heads ||
+        c->head_size != L->cfg.head_size)
+        return pa__fail(PA_STATUS_SHAPE_MISMATCH,
+                        "%s: cache is %s x %d heads x %d; the layer expects %s x %d x %d", what,
+                        pa_dtype_name(c->dtype), c->num_kv_heads, c->head_size,
+                        pa_dtype_name(L->cfg.cache_dtype), L->cfg.num_kv_heads, L->cfg.head_size);
+    if (c->block_size != b->md.block_size)
+        return pa__fail(PA_STATUS_SHAPE_MISMATCH, "%s: cache block_size %d != batch block_size %d",
+                        what, c->block_size, b->md.block_size);
+    int64_t need = cross ? b->num_cross_blocks : b->num_blocks;
+    if (need > c->num_blocks)
+        return pa__fail(PA_STATUS_SHAPE_MISMATCH,
+                        "%s: the batch was validated for %lld blocks; the cache has %lld", what,
+                        (long long)need, (long long)c->num_blocks);
+    if (c->memory != ctx->backend->memory)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: cache memory kind %d; backend %s needs %d",
+                        what, (int)c->memory, ctx->backend->name, (int)ctx->backend->memory);
+    return PA_STATUS_OK;
+}
+
+static pa_status check_type_rules(const struct pa_layer *L, const struct pa_batch *b,
+                                  const pa_forward_args *a)
+{
+    const pa_batch_metadata *m = &b->md;
+    pa_attn_type t = L->cfg.attn_type;
+    if ((a->k == NULL) != (a->v == NULL))
+        return pa__fail(PA_STATUS_NULL_POINTER, "forward: k and v must be both given or both NULL");
+    if (t == PA_ATTN_DECODER && b->tableless_seq >= 0)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "forward: decoder layer, but sequence %d has no block table", b->tableless_seq);
+    if (t == PA_ATTN_ENCODER || t == PA_ATTN_ENCODER_ONLY) {
+        if (!a->k)
+            return pa__fail(PA_STATUS_NULL_POINTER, "forward: %s layers need k and v",
+                            pa_attn_type_name(t));
+        for (int32_t i = 0; i < m->num_seqs; i++)
+            if (m->context_lens[i] != 0)
+                return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                                "forward: %s layer, but seqs[%d] has context_len %d (must be 0)",
+                                pa_attn_type_name(t), i, m->context_lens[i]);
+    }
+    if ((t == PA_ATTN_DECODER || t == PA_ATTN_ENCODER_DECODER) && !a->cache)
+        return pa__fail(PA_STATUS_NULL_POINTER, "forward: %s layers need a cache",
+                        pa_attn_type_name(t));
+    return PA_STATUS_OK;
+}
+
+static pa_status check_plan(const struct pa_context *ctx, const struct pa_layer *L,
+                            const struct pa_batch *b, const struct pa_plan *p)
+{
+    if (p->ctx != ctx || p->batch_id != b->id)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "forward: the plan was made for another %s", p->ctx != ctx ? "context" : "batch");
+    if (p->num_heads != L->cfg.num_heads || p->num_kv_heads != L->cfg.num_kv_heads ||
+        p->head_size != L->cfg.head_size || p->attn_type != L->cfg.attn_type)
+        return pa__fail(PA_STATUS_SHAPE_MISMATCH,
+                        "forward: the plan is for %d/%d heads x %d (%s); the layer is %d/%d x %d (%s)",
+                        p->num_heads, p->num_kv_heads, p->head_size, pa_attn_type_name(p->attn_type),
+                        L->cfg.num_heads, L->cfg.num_kv_heads, L->cfg.head_size,
+                        pa_attn_type_name(L->cfg.attn_type));
+    return PA_STATUS_OK;
+}
+
+/* Validates and resolves strides into *r. */
+static pa_status check_forward(const struct pa_context *ctx, const struct pa_layer *L,
+                               const struct pa_batch *b, const pa_forward_args *a, pa_forward_args *r)
+{
+    *r = *a;
+    const pa_layer_config *c = &L->cfg;
+    int64_t qrow = (int64_t)c->num_heads * c->head_size, kvrow = (int64_t)c->num_kv_heads * c->head_size;
+    pa_status s;
+    if (!a->q || !a->out)
+        return pa__fail(PA_STATUS_NULL_POINTER, "forward: args->q and args->out must not be NULL");
+    if ((s = check_type_rules(L, b, a))) return s;
+    bool cached = c->attn_type == PA_ATTN_DECODER || c->attn_type == PA_ATTN_ENCODER_DECODER;
+    if (cached && (s = check_cache_for(ctx, L, b, a->cache, c->attn_type == PA_ATTN_ENCODER_DECODER)))
+        return s;
+    if (!cached) r->cache = NULL;
+    if ((s = row_stride(&r->q_row_stride, qrow, "q")) || (s = row_stride(&r->out_row_stride, qrow, "out")))
+        return s;
+    if (a->k && ((s = row_stride(&r->k_row_stride, kvrow, "k")) || (s = row_stride(&r->v_row_stride, kvrow, "v"))))
+        return s;
+    if (a->lse) {
+        if (r->lse_token_stride == 0 && r->lse_head_stride == 0) {
+            r->lse_token_stride = c->num_heads;
+            r->lse_head_stride = 1;
+        }
+        if (!strides_2d_ok(b->md.num_tokens, c->num_heads, r->lse_token_stride, r->lse_head_stride))
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                            "forward: lse strides (token %lld, head %lld) overlap for [%lld, %d]",
+                            (long long)r->lse_token_stride, (long long)r->lse_head_stride,
+                            (long long)b->md.num_tokens, c->num_heads);
+    }
+    return PA_STATUS_OK;
+}
+
+pa_status pa_attn_forward(pa_context *ctx, const pa_layer *layer, const pa_batch *batch,
+                          const pa_plan *plan, const pa_forward_args *args)
+{
+    if (!ctx || !layer || !batch || !args)
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_attn_forward: ctx, layer, batch and args must not be NULL");
+    pa_forward_args r;
+    pa_status s;
+    if (ctx->backend->supports && (s = ctx->backend->supports(layer))) return s;
+    if (plan && (s = check_plan(ctx, layer, batch, plan))) return s;
+    if ((s = check_forward(ctx, layer, batch, args, &r))) return s;
+    pa_plan *tmp = NULL;
+    if (!plan) {
+        if ((s = pa_plan_create(ctx, layer, batch, &tmp))) return s;
+        plan = tmp;
+    }
+    pa__fwd f = {layer, batch, &r, r.k != NULL};
+    s = ctx->backend->forward(ctx->impl, &f, plan->impl);
+    pa_plan_destroy(tmp);
+    return s;
+}
+
+/* ---- cache operations -------------------------------------------------------------------------- */
+
+static pa_memory ctx_memory(const pa_context *ctx) { return ctx ? ctx->backend->memory : PA_MEMORY_HOST; }
+
+static pa_status check_memory(const pa_context *ctx, const pa_cache *c, const char *what)
+{
+    if (c->memory != ctx_memory(ctx))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: pool memory kind %d, but %s runs on %d", what,
+                        (int)c->memory, ctx ? ctx->backend->name : "the host (ctx NULL)",
+                        (int)ctx_memory(ctx));
+    return PA_STATUS_OK;
+}
+
+pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype, const void *key,
+                         int64_t k_row_stride, const void *value, int64_t v_row_stride,
+                         const int64_t *slots, int64_t n, float k_scale, float v_scale)
+{
+    pa_status s = pa__cache_validate(c, "pa_cache_write");
+    if (s || (s = check_memory(ctx, c, "pa_cache_write"))) return s;
+    if (!pa__dtype_is_float(src_dtype))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_write: src_dtype %d must be f32, f16 or bf16",
+                        (int)src_dtype);
+    if (n < 0) return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_write: num_tokens %lld < 0", (long long)n);
+    if (n > 0 && (!key || !value || !slots))
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_write: key, value and slot_mapping must not be NULL");
+    int64_t row = (int64_t)c->num_kv_heads * c->head_size;
+    if ((s = row_stride(&k_row_stride, row, "k")) || (s = row_stride(&v_row_stride, row, "v"))) return s;
+    if (!(isfinite(k_scale) && k_scale > 0 && isfinite(v_scale) && v_scale > 0) ||
+        (!pa__dtype_is_fp8(c->dtype) && (k_scale != 1.0f || v_scale != 1.0f)))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "pa_cache_write: k_scale %g, v_scale %g must be finite > 0, and 1 for a %s cache",
+                        (double)k_scale, (double)v_scale, pa_dtype_name(c->dtype));
+    int64_t pool = c->num_blocks * c->block_size;
+    for (int64_t i = 0; i < n; i++)
+        if (slots[i] >= pool)
+            return pa__fail(PA_STATUS_OUT_OF_RANGE, "pa_cache_write: slot_mapping[%lld] = %lld is not < %lld",
+                            (long long)i, (long long)slots[i], (long long)pool);
+    bool dup;
+    int64_t v;
+    if ((s = pa__find_duplicate(slots, n, 1, true, &dup, &v))) return s;
+    if (dup)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_write: slot %lld appears twice in slot_mapping",
+                        (long long)v);
+    if (ctx && ctx->backend->cache_write)
+        return ctx->backend->cache_write(ctx->impl, c, src_dtype, key, k_row_stride, value, v_row_stride,
+                                         slots, n, k_scale, v_scale);
+    pa__cache_write_host(c, src_dtype, key, k_row_stride, value, v_row_stride, slots, n, k_scale, v_scale);
+    return PA_STATUS_OK;
+}
+
+static pa_status check_block_ids(const int64_t *pairs, int64_t num_pairs, int side, int64_t limit,
+                                 const char *what)
+{
+    for (int64_t p = 0; p < num_pairs; p++) {
+        int64_t id = pairs[2 * p + side];
+        if (id < 0 || id >= limit)
+            return pa__fail(PA_STATUS_OUT_OF_RANGE, "%s: pairs[%lld][%d] = %lld is not a block id in [0, %lld)",
+                            what, (long long)p, side, (long long)id, (long long)limit);
+    }
+    bool dup;
+    int64_t v;
+    pa_status s = side == 1 ? pa__find_duplicate(pairs + 1, num_pairs, 2, false, &dup, &v) : PA_STATUS_OK;
+    if (!s && side == 1 && dup)
+        s = pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: destination block %lld appears twice", what, (long long)v);
+    return s;
+}
+
+pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, int32_t num_layers,
+                               const int64_t *pairs, int64_t num_pairs)
+{
+    const char *what = "pa_cache_copy_blocks";
+    if (num_layers < 0 || num_pairs < 0)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: num_layers %d and num_pairs %lld must be >= 0", what,
+                        num_layers, (long long)num_pairs);
+    if ((num_layers > 0 && !caches) || (num_pairs > 0 && !pairs))
+        return pa__fail(PA_STATUS_NULL_POINTER, "%s: caches and pairs must not be NULL", what);
+    pa_status s;
+    for (int32_t l = 0; l < num_layers; l++) {
+        if ((s = pa__cache_validate(&caches[l], what)) || (s = check_memory(ctx, &caches[l], what)) ||
+            (s = check_block_ids(pairs, num_pairs, 0, caches[l].num_blocks, what)) ||
+            (s = check_block_ids(pairs, num_pairs, 1, caches[l].num_blocks, what)))
+            return s;
+    }
+    for (int64_t p = 0; p < num_pairs; p++)
+        for (int64_t q = 0; q < num_pairs; q++)
+            if (pairs[2 * p + 1] == pairs[2 * q])
+                return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                                "%s: block %lld is the destination of pair %lld and the source of pair %lld",
+                                what, (long long)pairs[2 * p + 1], (long long)p, (long long)q);
+    if (ctx && ctx->backend->copy_blocks)
+        return ctx->backend->copy_blocks(ctx->impl, caches, num_layers, pairs, num_pairs);
+    pa__cache_copy_blocks_host(caches, num_layers, pairs, num_pairs);
+    return PA_STATUS_OK;
+}
+
+pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_cache *dst,
+                               const int64_t *pairs, int64_t num_pairs)
+{
+    const char *what = "pa_cache_swap_blocks";
+    pa_status s;
+    if ((s = pa__cache_validate(src, "pa_cache_swap_blocks (src)")) ||
+        (s = pa__cache_validate(dst, "pa_cache_swap_blocks (dst)")))
+        return s;
+    if (src->dtype != dst->dtype || src->block_size != dst->block_size ||
+        src->num_kv_heads != dst->num_kv_heads || src->head_size != dst->head_size)
+        return pa__fail(PA_STATUS_SHAPE_MISMATCH, "%s: src and dst differ in dtype or block geometry", what);
+    if (src->key == dst->key || src->value == dst->value)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: src and dst are the same pools (use copy_blocks)", what);
+    if (num_pairs < 0 || (num_pairs > 0 && !pairs))
+        return pa__fail(num_pairs < 0 ? PA_STATUS_INVALID_ARGUMENT : PA_STATUS_NULL_POINTER,
+                        "%s: num_pairs %lld with %s pairs", what, (long long)num_pairs, pairs ? "" : "NULL");
+    if ((s = check_block_ids(pairs, num_pairs, 0, src->num_blocks, what)) ||
+        (s = check_block_ids(pairs, num_pairs, 1, dst->num_blocks, what)))
+        return s;
+    if (!ctx) {
+        if ((s = check_memory(ctx, src, what)) || (s = check_memory(ctx, dst, what))) return s;
+        pa__cache_swap_blocks_host(src, dst, pairs, num_pairs);
+        return PA_STATUS_OK;
+    }
+    if (ctx->backend->swap_blocks) return ctx->backend->swap_blocks(ctx->impl, src, dst, pairs, num_pairs);
+    if ((s = check_memory(ctx, src, what)) || (s = check_memory(ctx, dst, what))) return s;
+    pa__cache_swap_blocks_host(src, dst, pairs, num_pairs);
+    return PA_STATUS_OK;
+}
+
+pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
+{
+    if (!a) return pa__fail(PA_STATUS_NULL_POINTER, "pa_merge_states: args is NULL");
+    if (a->num_tokens < 0 || a->num_heads < 1 || a->head_size < 1 || !pa__dtype_is_float(a->dtype))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "pa_merge_states: num_tokens %lld (>= 0), num_heads %d, head_size %d (>= 1), "
+                        "dtype %d (f32/f16/bf16)",
+                        (long long)a->num_tokens, a->num_heads, a->head_size, (int)a->dtype);
+    if (a->num_tokens > 0 && (!a->out_a || !a->lse_a || !a->out_b || !a->lse_b || !a->out))
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_merge_states: out_a, lse_a, out_b, lse_b and out are required");
+    if (a->out == a->out_a || a->out == a->out_b)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: out must not alias an input");
+    pa_merge_args r = *a;
+    if (r.lse_token_stride == 0 && r.lse_head_stride == 0) {
+        r.lse_token_stride = a->num_heads;
+        r.lse_head_stride = 1;
+    }
+    if (!strides_2d_ok(r.num_tokens, r.num_heads, r.lse_token_stride, r.lse_head_stride))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: lse strides (%lld, %lld) overlap",
+                        (long long)r.lse_token_stride, (long long)r.lse_head_stride);
+    int64_t e;
+    if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e))
+        return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: size overflows");
+    if (ctx && ctx->backend->merge_states) return ctx->backend->merge_states(ctx->impl, &r);
+    if (ctx && ctx->backend->memory != PA_MEMORY_HOST)
+        return pa__fail(PA_STATUS_UNSUPPORTED, "pa_merge_states: backend %s has no merge", ctx->backend->name);
+    pa__merge_states_host(&r);
+    return PA_STATUS_OK;
+}

@@ -1,0 +1,1081 @@
+/* grid.c: the shared case grid, its harness and the independent oracle.
+ *
+ * A case is a layer, a cache layout and a batch of sequences. Running it builds every input from
+ * the case's seed (so two runs see identical inputs), fills every cache element no sequence owns
+ * with NaN, poisons every output element with NaN and every byte around and between them with a
+ * canary, runs forward, and checks: the status, that every output element was written and is
+ * finite, that no canary changed, and the values against the reference backend (or, for
+ * grid_check_reference, the reference against the oracle at the end of this file). The cache
+ * after forward must equal the reference's byte for byte. */
+#include "grid.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- cases ------------------------------------------------------------------------------- */
+
+enum { LAYOUT_NHD, LAYOUT_HND, LAYOUT_INTERLEAVED, LAYOUT_PADDED };
+enum { LSE_NONE, LSE_TH, LSE_HT };
+#define MAX_SEQS 8
+
+typedef struct gseq {
+    int32_t ctx, q, prefill, enc;
+} gseq;
+
+typedef struct gcase {
+    char name[200];
+    int32_t H, Hkv, D, B;
+    int layout;
+    pa_dtype cache, qd, kvd, outd;
+    pa_attn_type type;
+    int32_t wl, wr, sw;
+    int alibi, sinks;
+    float softcap;
+    pa_blocksparse bs;
+    float kscale, vscale;
+    int nseq;
+    gseq seqs[MAX_SEQS];
+    int share_prefix;   /* seq 1 reuses seq 0's full context blocks (repeated physical ids) */
+    int fused;          /* q, k, v (and out) are strided views into one buffer */
+    int lse_mode;
+    int no_kv;          /* K/V of new tokens pre-written; forward gets k = v = NULL */
+    int explicit_slots; /* explicit slot mapping: every third new token -1 (pre-written) */
+    float qscale;       /* query magnitude: sharper or flatter softmax */
+} gcase;
+
+static gcase cases[512];
+static int ncases;
+
+static gcase base_case(void)
+{
+    gcase c;
+    memset(&c, 0, sizeof c);
+    c.H = 8, c.Hkv = 2, c.D = 64, c.B = 16;
+    c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_F32;
+    c.type = PA_ATTN_DECODER;
+    c.wl = c.wr = -1;
+    c.kscale = c.vscale = 1.0f;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){0, 37, 1, 0};  /* prefill */
+    c.seqs[1] = (gseq){21, 9, 1, 0};  /* chunked prefill */
+    c.seqs[2] = (gseq){50, 1, 0, 0};  /* decode */
+    c.lse_mode = LSE_TH;
+    c.qscale = 1.0f;
+    return c;
+}
+
+static const char *layout_name(int l)
+{
+    static const char *const n[] = {"nhd", "hnd", "kvint", "padded"};
+    return n[l];
+}
+
+static void name_case(gcase *c, const char *tag)
+{
+    char seqs[96] = "", *p = seqs;
+    for (int i = 0; i < c->nseq && p < seqs + sizeof seqs - 24; i++)
+        p += snprintf(p, (size_t)(seqs + sizeof seqs - p), "%s%d+%d%s", i ? "," : "", c->seqs[i].ctx,
+                      c->seqs[i].q, c->seqs[i].enc ? "e" : "");
+    snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s [%s]", tag,
+             pa_attn_type_name(c->type), c->H, c->Hkv, c->D, c->B, layout_name(c->layout),
+             pa_dtype_name(c->qd), pa_dtype_name(c->kvd), pa_dtype_name(c->outd),
+             pa_dtype_name(c->cache), seqs);
+}
+
+static void push(gcase c, const char *tag)
+{
+    if (ncases >= (int)(sizeof cases / sizeof cases[0])) abort();
+    name_case(&c, tag);
+    cases[ncases++] = c;
+}
+
+static void decode_only(gcase *c, int32_t ctx_len, int nseq)
+{
+    c->nseq = nseq;
+    for (int i = 0; i < nseq; i++) c->seqs[i] = (gseq){ctx_len + 7 * i, 1, 0, 0};
+}
+
+static void build_geometry_cases(void)
+{
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {12, 3}};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        gcase c = base_case();
+        c.H = heads[i][0], c.Hkv = heads[i][1];
+        push(c, "gqa");
+    }
+    static const int32_t dims[] = {1, 7, 32, 80, 96, 112, 120, 128, 256, 512};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        gcase c = base_case();
+        c.D = dims[i];
+        if (c.D >= 256) c.H = 4, c.Hkv = 1;
+        push(c, "headsize");
+    }
+    static const int32_t blocks[] = {1, 5, 8, 32, 64, 13};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        gcase c = base_case();
+        c.B = blocks[i];
+        /* lengths 1, exactly a block, block - 1, block + 1 */
+        c.nseq = 5;
+        c.seqs[0] = (gseq){0, c.B, 1, 0};
+        c.seqs[1] = (gseq){c.B > 1 ? c.B - 1 : 0, 2, 1, 0};
+        c.seqs[2] = (gseq){0, 1, 0, 0};
+        c.seqs[3] = (gseq){c.B, 1, 0, 0};
+        c.seqs[4] = (gseq){c.B + 1 - 1, 1, 0, 0};
+        push(c, "blocksize");
+    }
+    for (int l = 0; l < 4; l++) {
+        gcase c = base_case();
+        c.layout = l;
+        push(c, "layout");
+        c.cache = PA_DTYPE_BF16;
+        push(c, "layout");
+    }
+}
+
+static void build_dtype_cases(void)
+{
+    static const pa_dtype caches[] = {PA_DTYPE_F32, PA_DTYPE_F16, PA_DTYPE_BF16, PA_DTYPE_FP8_E4M3,
+                                      PA_DTYPE_FP8_E5M2};
+    static const pa_dtype io[] = {PA_DTYPE_F32, PA_DTYPE_F16, PA_DTYPE_BF16};
+    for (size_t i = 0; i < 5; i++)
+        for (size_t j = 0; j < 3; j++) {
+            gcase c = base_case();
+            c.cache = caches[i];
+            c.qd = c.kvd = c.outd = io[j];
+            push(c, "dtype");
+        }
+    gcase c = base_case(); /* mixed: each of q, kv, out different */
+    c.qd = PA_DTYPE_BF16, c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32, c.cache = PA_DTYPE_F16;
+    push(c, "dtype-mixed");
+    c.qd = PA_DTYPE_F16, c.kvd = PA_DTYPE_F32, c.outd = PA_DTYPE_BF16, c.cache = PA_DTYPE_FP8_E4M3;
+    push(c, "dtype-mixed");
+    for (int e = 0; e < 2; e++) { /* fp8 with non-unit scales */
+        c = base_case();
+        c.cache = e ? PA_DTYPE_FP8_E5M2 : PA_DTYPE_FP8_E4M3;
+        c.kscale = 0.0625f, c.vscale = 0.03f;
+        c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        push(c, "fp8-scaled");
+        c.kscale = 3.5f, c.vscale = 0.5f;
+        decode_only(&c, 700, 4);
+        push(c, "fp8-scaled");
+    }
+}
+
+static void build_feature_cases(void)
+{
+    gcase c;
+    static const int32_t windows[][3] = {{-1, -1, 1}, {-1, -1, 8}, {-1, -1, 17}, {0, 0, 0},
+                                         {5, 0, 0},   {5, 3, 0},   {-1, 4, 0},  {30, -1, 0}};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        c = base_case();
+        c.wl = windows[i][0], c.wr = windows[i][1], c.sw = windows[i][2];
+        push(c, "window");
+    }
+    c = base_case();
+    c.alibi = 1;
+    push(c, "alibi");
+    c = base_case();
+    c.softcap = 5.0f, c.qscale = 8.0f;
+    push(c, "softcap");
+    c = base_case();
+    c.sinks = 1;
+    push(c, "sinks");
+    c.sinks = 1, c.sw = 6; /* a sink with a window: rows that see few keys */
+    push(c, "sinks");
+    static const pa_blocksparse bss[] = {
+        {16, 2, 4, 0, 1, 0}, {16, 1, 3, 1, 0, 0}, {8, 2, 4, 0, -1, 0}, {32, 1, 2, 0, 3, 1}, {5, 0, 3, 0, 2, 0}};
+    for (size_t i = 0; i < sizeof bss / sizeof bss[0]; i++) {
+        c = base_case();
+        c.bs = bss[i];
+        c.nseq = 3;
+        c.seqs[0] = (gseq){0, 100, 1, 0};
+        c.seqs[1] = (gseq){70, 30, 1, 0};
+        c.seqs[2] = (gseq){150, 1, 0, 0};
+        push(c, "blocksparse");
+    }
+    c = base_case(); /* everything at once */
+    c.alibi = 1, c.softcap = 10.0f, c.sinks = 1, c.sw = 20, c.qscale = 4.0f;
+    c.cache = PA_DTYPE_FP8_E4M3, c.kscale = 0.5f, c.vscale = 0.25f;
+    c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F16;
+    push(c, "combined");
+    c.bs = (pa_blocksparse){16, 1, 2, 0, 1, 0};
+    c.sw = 0;
+    c.layout = LAYOUT_HND;
+    push(c, "combined");
+    c = base_case();
+    c.alibi = 1, c.sinks = 1, c.wl = 9, c.wr = 0, c.softcap = 2.0f;
+    c.lse_mode = LSE_HT, c.fused = 1;
+    push(c, "combined");
+}
+
+static void build_batch_cases(void)
+{
+    gcase c = base_case();
+    c.nseq = 8; /* the classic mixed step */
+    int32_t lens[8][3] = {{0, 64, 1}, {100, 33, 1}, {17, 1, 1}, {0, 5, 1}, {3, 1, 0},
+                          {80, 1, 0}, {31, 3, 0},   {200, 2, 0}};
+    for (int i = 0; i < 8; i++) c.seqs[i] = (gseq){lens[i][0], lens[i][1], lens[i][2], 0};
+    push(c, "mixed");
+    c.share_prefix = 1;
+    c.seqs[0] = (gseq){96, 4, 1, 0};
+    c.seqs[1] = (gseq){96, 8, 1, 0};
+    push(c, "shared-blocks");
+    c = base_case();
+    c.no_kv = 1;
+    push(c, "kv-precached");
+    c = base_case();
+    c.explicit_slots = 1;
+    push(c, "explicit-slots");
+    c = base_case();
+    c.fused = 1;
+    push(c, "fused-qkv");
+    c.lse_mode = LSE_HT;
+    push(c, "lse-ht");
+    c.lse_mode = LSE_NONE;
+    push(c, "no-lse");
+    c = base_case(); /* long sequences: several thousand tokens */
+    decode_only(&c, 3000, 2);
+    c.H = 8, c.Hkv = 1, c.cache = PA_DTYPE_BF16, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    push(c, "long");
+    c.seqs[0] = (gseq){4500, 1, 0, 0};
+    c.seqs[1] = (gseq){2049, 1, 0, 0};
+    c.cache = PA_DTYPE_FP8_E5M2;
+    push(c, "long");
+    c = base_case();
+    c.nseq = 1;
+    c.seqs[0] = (gseq){1800, 300, 1, 0};
+    c.H = 4, c.Hkv = 2, c.D = 32;
+    push(c, "long-chunk");
+    c.seqs[0] = (gseq){0, 700, 1, 0};
+    c.sw = 100;
+    push(c, "long-prefill");
+    c = base_case(); /* speculative decoding: several tokens after a context */
+    c.nseq = 3;
+    c.seqs[0] = (gseq){40, 4, 0, 0};
+    c.seqs[1] = (gseq){9, 3, 0, 0};
+    c.seqs[2] = (gseq){0, 1, 0, 0};
+    push(c, "spec-decode");
+    c = base_case();
+    c.qscale = 30.0f; /* very peaked softmax */
+    push(c, "peaked");
+    c.qscale = 0.0f; /* uniform softmax */
+    push(c, "flat");
+}
+
+static void build_type_cases(void)
+{
+    for (int t = PA_ATTN_ENCODER; t <= PA_ATTN_ENCODER_ONLY; t++) {
+        gcase c = base_case();
+        c.type = (pa_attn_type)t;
+        c.nseq = 3;
+        c.seqs[0] = (gseq){0, 19, 1, 0};
+        c.seqs[1] = (gseq){0, 1, 1, 0};
+        c.seqs[2] = (gseq){0, 40, 1, 0};
+        push(c, "encoder");
+        c.wl = 3, c.wr = 5, c.alibi = 1, c.sinks = 1;
+        push(c, "encoder-features");
+        c.fused = 1, c.qd = c.kvd = c.outd = PA_DTYPE_F16, c.lse_mode = LSE_HT;
+        push(c, "encoder-fused");
+    }
+    gcase c = base_case();
+    c.type = PA_ATTN_ENCODER_DECODER;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){0, 5, 1, 23};
+    c.seqs[1] = (gseq){0, 1, 1, 7};
+    c.seqs[2] = (gseq){0, 3, 1, 40};
+    push(c, "cross-prefill");
+    c.no_kv = 1;
+    c.seqs[0] = (gseq){5, 1, 0, 23};
+    c.seqs[1] = (gseq){1, 1, 0, 7};
+    c.seqs[2] = (gseq){30, 1, 0, 40};
+    push(c, "cross-decode");
+    c.cache = PA_DTYPE_FP8_E4M3, c.kscale = 0.2f, c.vscale = 0.1f, c.sinks = 1, c.softcap = 3.0f;
+    c.qd = c.outd = PA_DTYPE_BF16;
+    push(c, "cross-decode");
+    c.no_kv = 0, c.B = 5, c.seqs[1].enc = 0; /* a sequence with no encoder tokens: empty rows */
+    c.seqs[0] = (gseq){0, 5, 1, 23};
+    c.seqs[1] = (gseq){0, 2, 1, 0};
+    c.seqs[2] = (gseq){0, 1, 1, 12};
+    c.sinks = 0;
+    push(c, "cross-empty");
+}
+
+static void build_cases(void)
+{
+    if (ncases) return;
+    build_geometry_cases();
+    build_dtype_cases();
+    build_feature_cases();
+    build_batch_cases();
+    build_type_cases();
+}
+
+int grid_count(void)
+{
+    build_cases();
+    return ncases;
+}
+
+const char *grid_case_name(int i)
+{
+    build_cases();
+    return i >= 0 && i < ncases ? cases[i].name : NULL;
+}
+
+/* ---- inputs ------------------------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(uint64_t *s) /* [-1, 1) */
+{
+    return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* A host buffer with canary guards: `bytes` usable bytes at .p, GUARD canary bytes each side. */
+#define GUARD 64
+#define CANARY 0xA5
+typedef struct gbuf {
+    unsigned char *base;
+    void *p;
+    size_t bytes;
+} gbuf;
+
+static int gbuf_alloc(gbuf *b, size_t bytes)
+{
+    b->bytes = bytes;
+    b->base = malloc(bytes + 2 * GUARD);
+    if (!b->base) return -1;
+    memset(b->base, CANARY, bytes + 2 * GUARD);
+    b->p = b->base + GUARD;
+    return 0;
+}
+static void gbuf_free(gbuf *b)
+{
+    free(b->base);
+    b->base = NULL;
+}
+static int guards_intact(const gbuf *b)
+{
+    for (size_t i = 0; i < GUARD; i++)
+        if (b->base[i] != CANARY || b->base[GUARD + b->bytes + i] != CANARY) return 0;
+    return 1;
+}
+
+static void store_nan(pa_dtype d, void *base, int64_t i)
+{
+    switch (d) {
+    case PA_DTYPE_F32: ((float *)base)[i] = NAN; break;
+    case PA_DTYPE_F16: ((uint16_t *)base)[i] = 0x7e00; break;
+    case PA_DTYPE_BF16: ((uint16_t *)base)[i] = 0x7fc0; break;
+    case PA_DTYPE_FP8_E4M3: ((uint8_t *)base)[i] = 0x7f; break;
+    default: ((uint8_t *)base)[i] = 0x7f; break;
+    }
+}
+static void store_float(pa_dtype d, void *base, int64_t i, float x)
+{
+    switch (d) {
+    case PA_DTYPE_F32: ((float *)base)[i] = x; break;
+    case PA_DTYPE_F16: ((uint16_t *)base)[i] = pa_f32_to_f16(x); break;
+    default: ((uint16_t *)base)[i] = pa_f32_to_bf16(x); break;
+    }
+}
+static double load_float(pa_dtype d, const void *base, int64_t i)
+{
+    switch (d) {
+    case PA_DTYPE_F32: return ((const float *)base)[i];
+    case PA_DTYPE_F16: return pa_f16_to_f32(((const uint16_t *)base)[i]);
+    case PA_DTYPE_BF16: return pa_bf16_to_f32(((const uint16_t *)base)[i]);
+    case PA_DTYPE_FP8_E4M3: return pa_fp8e4m3_to_f32(((const uint8_t *)base)[i]);
+    default: return pa_fp8e5m2_to_f32(((const uint8_t *)base)[i]);
+    }
+}
+
+typedef struct ginputs {
+    const gcase *c;
+    pa_layer *layer;
+    pa_batch *batch;
+    const pa_batch_metadata *md;
+    float alibi[64], sinks[64];
+    int32_t tables[MAX_SEQS][1024];
+    int32_t ntable[MAX_SEQS];
+    int32_t xtables[MAX_SEQS][256];
+    int32_t nxtable[MAX_SEQS];
+    int64_t slots[8192];
+    pa_cache cache;       /* pools point into pool_buf */
+    gbuf pool_buf;        /* holds both pools (NaN where unowned) */
+    size_t key_off, value_off; /* byte offsets of the pools in pool_buf */
+    gbuf qkv;             /* q rows (and k, v when fused) */
+    gbuf kbuf, vbuf;      /* k, v rows when not fused */
+    int64_t q_rs, k_rs, v_rs, out_rs;
+    int64_t kv_rows;      /* rows of k and v */
+    size_t q_off, k_off, v_off; /* byte offsets in their buffers */
+    int64_t ntok;
+} ginputs;
+
+static int32_t blocks_for(int64_t n, int32_t b) { return (int32_t)((n + b - 1) / b); }
+
+static pa_status make_layer(ginputs *in, uint64_t *rng)
+{
+    const gcase *c = in->c;
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, c->H, c->Hkv, c->D);
+    cfg.attn_type = c->type;
+    cfg.window_left = c->wl, cfg.window_right = c->wr, cfg.sliding_window = c->sw;
+    cfg.logits_soft_cap = c->softcap;
+    cfg.blocksparse = c->bs;
+    cfg.q_dtype = c->qd, cfg.kv_dtype = c->kvd, cfg.out_dtype = c->outd, cfg.cache_dtype = c->cache;
+    cfg.k_scale = c->kscale, cfg.v_scale = c->vscale;
+    for (int h = 0; h < c->H; h++) {
+        in->alibi[h] = (float)pow(2.0, -8.0 * (h + 1) / c->H) * 0.5f;
+        in->sinks[h] = 2.0f * rng_uniform(rng) + 0.5f;
+    }
+    if (c->alibi) cfg.alibi_slopes = in->alibi;
+    if (c->sinks) cfg.sinks = in->sinks;
+    return pa_layer_create(&cfg, &in->layer);
+}
+
+/* Cache strides for the case's layout; returns the elements one allocation of both pools
+ * needs and sets the value pool's element offset. */
+static int64_t set_layout(ginputs *in, int64_t nb, int64_t *value_elem_off)
+{
+    const gcase *c = in->c;
+    pa_cache *k = &in->cache;
+    pa_cache_init(k, c->layout == LAYOUT_HND ? PA_LAYOUT_HND : PA_LAYOUT_NHD, c->cache, nb, c->B, c->Hkv, c->D);
+    int64_t per_block = (int64_t)c->B * c->Hkv * c->D;
+    if (c->layout == LAYOUT_INTERLEAVED) {
+        k->block_stride = 2 * per_block;
+        *value_elem_off = per_block;
+        return nb * 2 * per_block;
+    }
+    if (c->layout == LAYOUT_PADDED) {
+        k->head_stride = c->D + 3;
+        k->token_stride = (int64_t)c->Hkv * (c->D + 3) + 1;
+        k->block_stride = c->B * k->token_stride + 5;
+    }
+    int64_t span = pa_cache_pool_elems(k);
+    *value_elem_off = span;
+    return 2 * span;
+}
+
+/* Assigns physical blocks (a random permutation, a few left over and NaN-filled). */
+static int64_t assign_blocks(ginputs *in, uint64_t *rng)
+{
+    const gcase *c = in->c;
+    int64_t need = 0;
+    for (int s = 0; s < c->nseq; s++)
+        need += blocks_for(c->seqs[s].ctx + c->seqs[s].q, c->B) + blocks_for(c->seqs[s].enc, c->B);
+    int64_t nb = need + 3;
+    int32_t *perm = malloc((size_t)nb * sizeof *perm);
+    for (int64_t i = 0; i < nb; i++) perm[i] = (int32_t)i;
+    for (int64_t i = nb - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_next(rng) % (uint64_t)(i + 1));
+        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    int64_t next = 0;
+    bool self = c->type == PA_ATTN_DECODER;
+    for (int s = 0; s < c->nseq; s++) {
+        in->ntable[s] = self ? blocks_for(c->seqs[s].ctx + c->seqs[s].q, c->B) : 0;
+        for (int32_t b = 0; b < in->ntable[s]; b++) in->tables[s][b] = perm[next++];
+        in->nxtable[s] = blocks_for(c->seqs[s].enc, c->B);
+        for (int32_t b = 0; b < in->nxtable[s]; b++) in->xtables[s][b] = perm[next++];
+    }
+    if (c->share_prefix && self) {
+        int32_t shared = (c->seqs[0].ctx < c->seqs[1].ctx ? c->seqs[0].ctx : c->seqs[1].ctx) / c->B;
+        for (int32_t b = 0; b < shared; b++) in->tables[1][b] = in->tables[0][b];
+    }
+    free(perm);
+    return nb;
+}
+
+static int64_t slot_of(const ginputs *in, int s, int64_t pos, bool cross)
+{
+    const int32_t *t = cross ? in->xtables[s] : in->tables[s];
+    return (int64_t)t[pos / in->c->B] * in->c->B + pos % in->c->B;
+}
+
+/* Writes n random K/V tokens into the given slots (through the library's cache write, which
+ * test_cache checks exactly). */
+static pa_status write_random_tokens(ginputs *in, const int64_t *slots, int64_t n, uint64_t *rng)
+{
+    const gcase *c = in->c;
+    int64_t row = (int64_t)c->Hkv * c->D;
+    float *k = malloc((size_t)(n * row + 1) * sizeof *k), *v = malloc((size_t)(n * row + 1) * sizeof *v);
+    for (int64_t i = 0; i < n * row; i++) {
+        k[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->kscale * 8 : 1.0f);
+        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0f);
+    }
+    pa_status s = pa_cache_write(NULL, &in->cache, PA_DTYPE_F32, k, 0, v, 0, slots, n, c->kscale, c->vscale);
+    free(k);
+    free(v);
+    return s;
+}
+
+/* Fills the pools: NaN everywhere, then the cached context of every sequence. */
+static pa_status fill_cache(ginputs *in, uint64_t *rng)
+{
+    const gcase *c = in->c;
+    size_t es = pa_dtype_size(c->cache);
+    int64_t total = (int64_t)(in->pool_buf.bytes / es);
+    for (int64_t i = 0; i < total; i++) store_nan(c->cache, in->pool_buf.p, i);
+    int64_t n = 0;
+    for (int s = 0; s < c->nseq; s++) {
+        bool cross = c->type == PA_ATTN_ENCODER_DECODER;
+        int64_t upto = cross ? (c->no_kv ? c->seqs[s].enc : 0) : c->seqs[s].ctx;
+        int64_t from = (!cross && c->share_prefix && s == 1) ? (int64_t)in->ntable[0] * 0 + (c->seqs[0].ctx < c->seqs[1].ctx ? c->seqs[0].ctx : c->seqs[1].ctx) / c->B * c->B : 0;
+        if (c->type == PA_ATTN_ENCODER || c->type == PA_ATTN_ENCODER_ONLY) continue;
+        for (int64_t pos = from; pos < upto; pos++) in->slots[n++] = slot_of(in, s, pos, cross);
+        /* precached new tokens (no_kv), and the -1 tokens of an explicit slot mapping */
+        if (!cross)
+            for (int32_t t = 0; t < c->seqs[s].q; t++)
+                if (c->no_kv || (c->explicit_slots && t % 3 == 1))
+                    in->slots[n++] = slot_of(in, s, c->seqs[s].ctx + t, false);
+    }
+    return write_random_tokens(in, in->slots, n, rng);
+}
+
+static pa_status make_batch(ginputs *in, int64_t nb)
+{
+    const gcase *c = in->c;
+    pa_seq seqs[MAX_SEQS];
+    memset(seqs, 0, sizeof seqs);
+    for (int s = 0; s < c->nseq; s++) {
+        seqs[s].context_len = c->seqs[s].ctx;
+        seqs[s].query_len = c->seqs[s].q;
+        seqs[s].is_prefill = c->seqs[s].prefill;
+        seqs[s].block_table = in->ntable[s] ? in->tables[s] : NULL;
+        seqs[s].num_blocks = in->ntable[s];
+        seqs[s].encoder_len = c->seqs[s].enc;
+        seqs[s].cross_block_table = in->nxtable[s] ? in->xtables[s] : NULL;
+        seqs[s].num_cross_blocks = in->nxtable[s];
+    }
+    pa_batch_config bc = {c->B, nb, nb, NULL, NULL};
+    if (c->explicit_slots) {
+        int64_t k = 0;
+        for (int s = 0; s < c->nseq; s++)
+            for (int32_t t = 0; t < c->seqs[s].q; t++, k++)
+                in->slots[k] = t % 3 == 1 ? -1 : slot_of(in, s, c->seqs[s].ctx + t, false);
+        bc.slot_mapping = in->slots;
+    }
+    pa_status st = pa_batch_create(&bc, seqs, c->nseq, &in->batch);
+    if (!st) in->md = pa_batch_get_metadata(in->batch);
+    return st;
+}
+
+/* q, k, v rows: one fused buffer [tokens, q | k | v | pad] or three buffers. */
+static int make_qkv(ginputs *in, uint64_t *rng)
+{
+    const gcase *c = in->c;
+    int64_t T = in->md->num_tokens, qrow = (int64_t)c->H * c->D, kvrow = (int64_t)c->Hkv * c->D;
+    bool cross = c->type == PA_ATTN_ENCODER_DECODER;
+    in->ntok = T;
+    in->kv_rows = cross ? in->md->num_encoder_tokens : T;
+    size_t qs = pa_dtype_size(c->qd), ks = pa_dtype_size(c->kvd);
+    if (c->fused && c->qd == c->kvd && !cross) {
+        int64_t rs = qrow + 2 * kvrow + 5;
+        if (gbuf_alloc(&in->qkv, (size_t)(T * rs) * qs)) return -1;
+        in->q_rs = in->k_rs = in->v_rs = rs;
+        in->q_off = 0, in->k_off = (size_t)qrow * qs, in->v_off = (size_t)(qrow + kvrow) * qs;
+    } else {
+        if (gbuf_alloc(&in->qkv, (size_t)(T * qrow) * qs) || gbuf_alloc(&in->kbuf, (size_t)(in->kv_rows * kvrow + 1) * ks) ||
+            gbuf_alloc(&in->vbuf, (size_t)(in->kv_rows * kvrow + 1) * ks))
+            return -1;
+        in->q_rs = qrow, in->k_rs = in->v_rs = kvrow;
+    }
+    in->out_rs = c->fused ? qrow + 7 : qrow;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < qrow; e++)
+            store_float(c->qd, (char *)in->qkv.p + in->q_off, t * in->q_rs + e, rng_uniform(rng) * c->qscale);
+    void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
+    void *vb = in->vbuf.base ? in->vbuf.p : (char *)in->qkv.p + in->v_off;
+    float amp_k = pa_dtype_size(c->cache) == 1 ? c->kscale * 8 : 1.0f;
+    float amp_v = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0f;
+    for (int64_t t = 0; t < in->kv_rows; t++)
+        for (int64_t e = 0; e < kvrow; e++) {
+            store_float(c->kvd, kb, t * in->k_rs + e, rng_uniform(rng) * amp_k);
+            store_float(c->kvd, vb, t * in->v_rs + e, rng_uniform(rng) * amp_v);
+        }
+    return 0;
+}
+
+static void free_inputs(ginputs *in)
+{
+    pa_layer_destroy(in->layer);
+    pa_batch_destroy(in->batch);
+    gbuf_free(&in->pool_buf);
+    gbuf_free(&in->qkv);
+    gbuf_free(&in->kbuf);
+    gbuf_free(&in->vbuf);
+}
+
+static int make_inputs(ginputs *in, const gcase *c, char *why, size_t why_size)
+{
+    memset(in, 0, sizeof *in);
+    in->c = c;
+    uint64_t rng = 0x1234567ull + (uint64_t)(c - cases) * 7919;
+    pa_status s = make_layer(in, &rng);
+    int64_t nb = assign_blocks(in, &rng), voff = 0;
+    int64_t elems = set_layout(in, nb, &voff);
+    if (!s && gbuf_alloc(&in->pool_buf, (size_t)elems * pa_dtype_size(c->cache))) s = PA_STATUS_OUT_OF_MEMORY;
+    if (!s) {
+        in->cache.key = in->pool_buf.p;
+        in->cache.value = (char *)in->pool_buf.p + voff * (int64_t)pa_dtype_size(c->cache);
+        in->value_off = (size_t)voff * pa_dtype_size(c->cache);
+        s = fill_cache(in, &rng);
+    }
+    if (!s) s = make_batch(in, nb);
+    if (!s && make_qkv(in, &rng)) s = PA_STATUS_OUT_OF_MEMORY;
+    if (s) snprintf(why, why_size, "setting up the case failed: %s: %s", pa_status_name(s), pa_last_error());
+    return s ? -1 : 0;
+}
+
+/* ---- running ----------------------------------------------------------------------------- */
+
+typedef struct goutputs {
+    gbuf out, lse, pool;
+    int64_t lse_ts, lse_hs;
+} goutputs;
+
+static void free_outputs(goutputs *o)
+{
+    gbuf_free(&o->out);
+    gbuf_free(&o->lse);
+    gbuf_free(&o->pool);
+}
+
+/* Poison: NaN in every output element, the canary everywhere else. */
+static int make_outputs(const ginputs *in, goutputs *o)
+{
+    const gcase *c = in->c;
+    int64_t T = in->ntok, qrow = (int64_t)c->H * c->D;
+    memset(o, 0, sizeof *o);
+    if (gbuf_alloc(&o->out, (size_t)(T * in->out_rs) * pa_dtype_size(c->outd)) ||
+        gbuf_alloc(&o->lse, (size_t)(T * c->H) * sizeof(float)) || gbuf_alloc(&o->pool, in->pool_buf.bytes))
+        return -1;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < qrow; e++) store_nan(c->outd, o->out.p, t * in->out_rs + e);
+    for (int64_t i = 0; i < T * c->H; i++) ((float *)o->lse.p)[i] = NAN;
+    o->lse_ts = c->lse_mode == LSE_HT ? 1 : c->H;
+    o->lse_hs = c->lse_mode == LSE_HT ? T : 1;
+    memcpy(o->pool.p, in->pool_buf.p, in->pool_buf.bytes);
+    return 0;
+}
+
+static grid_device_hooks dev_hooks;
+static bool have_dev_hooks;
+
+void grid_set_device_hooks(const grid_device_hooks *h)
+{
+    have_dev_hooks = h != NULL;
+    if (h) dev_hooks = *h;
+}
+
+/* Forward with every buffer where the backend wants it (staged through device memory for a
+ * device backend). */
+static pa_status run_forward(pa_context *ctx, const ginputs *in, goutputs *o, bool device)
+{
+    const gcase *c = in->c;
+    pa_cache cache = in->cache;
+    pa_forward_args a;
+    memset(&a, 0, sizeof a);
+    void *dev[6] = {0};
+    const gbuf *host[6] = {&o->pool, &in->qkv, &in->kbuf, &in->vbuf, &o->out, &o->lse};
+    void *ptr[6];
+    for (int i = 0; i < 6; i++) {
+        ptr[i] = host[i]->base ? host[i]->p : NULL;
+        if (device && ptr[i]) {
+            dev[i] = dev_hooks.alloc(host[i]->bytes);
+            if (!dev[i] || dev_hooks.to_device(dev[i], ptr[i], host[i]->bytes)) return PA_STATUS_DEVICE_ERROR;
+            ptr[i] = dev[i];
+        }
+    }
+    cache.key = ptr[0];
+    cache.value = (char *)ptr[0] + in->value_off;
+    cache.memory = device ? PA_MEMORY_CUDA : PA_MEMORY_HOST;
+    a.q = (char *)ptr[1] + in->q_off;
+    a.q_row_stride = in->q_rs;
+    bool pass_kv = !c->no_kv;
+    if (pass_kv) {
+        a.k = ptr[2] ? ptr[2] : (char *)ptr[1] + in->k_off;
+        a.v = ptr[3] ? ptr[3] : (char *)ptr[1] + in->v_off;
+        a.k_row_stride = in->k_rs;
+        a.v_row_stride = in->v_rs;
+    }
+    a.cache = (c->type == PA_ATTN_DECODER || c->type == PA_ATTN_ENCODER_DECODER) ? &cache : NULL;
+    a.out = ptr[4];
+    a.out_row_stride = in->out_rs;
+    if (c->lse_mode != LSE_NONE) {
+        a.lse = ptr[5];
+        a.lse_token_stride = o->lse_ts;
+        a.lse_head_stride = o->lse_hs;
+    }
+    pa_plan *plan = NULL;
+    pa_status s = pa_plan_create(ctx, in->layer, in->batch, &plan);
+    if (!s) s = pa_attn_forward(ctx, in->layer, in->batch, plan, &a);
+    if (!s) s = pa_context_synchronize(ctx);
+    pa_plan_destroy(plan);
+    for (int i = 0; i < 6; i++)
+        if (dev[i]) {
+            if (!s && (i == 0 || i >= 4) && dev_hooks.to_host(host[i]->p, dev[i], host[i]->bytes))
+                s = PA_STATUS_DEVICE_ERROR;
+            dev_hooks.free(dev[i]);
+        }
+    return s;
+}
+
+/* ---- comparing ----------------------------------------------------------------------------- */
+
+/* Tolerance for one output element: the output's own rounding, fp32 accumulation, and the
+ * contract's allowance to round probabilities to a 16-bit value dtype. */
+static void tolerance(const gcase *c, double *atol, double *rtol)
+{
+    double out_eps = c->outd == PA_DTYPE_F32 ? 0 : c->outd == PA_DTYPE_F16 ? 1.0 / 2048 : 1.0 / 256;
+    double p_eps = c->cache == PA_DTYPE_F16 ? 1.0 / 2048 : c->cache == PA_DTYPE_BF16 ? 1.0 / 256 : 0;
+    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0;
+    *rtol = out_eps;
+    *atol = vmax * (2e-5 + p_eps) + out_eps * 1e-3;
+}
+
+typedef struct cmp_ctx {
+    grid_result *res;
+    int fail;
+} cmp_ctx;
+
+static void fail(cmp_ctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(cmp_ctx *k, const char *fmt, ...)
+{
+    if (!k->fail) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(k->res->reason, sizeof k->res->reason, fmt, ap);
+        va_end(ap);
+    }
+    k->fail = 1;
+}
+
+/* Canaries in the gaps of a strided output stay intact. */
+static void check_gaps(cmp_ctx *k, const ginputs *in, const goutputs *o)
+{
+    const gcase *c = in->c;
+    size_t es = pa_dtype_size(c->outd);
+    int64_t qrow = (int64_t)c->H * c->D;
+    if (!guards_intact(&o->out) || !guards_intact(&o->lse)) fail(k, "a guard canary around out/lse changed");
+    for (int64_t t = 0; t < in->ntok; t++)
+        for (int64_t e = qrow; e < in->out_rs; e++)
+            for (size_t b = 0; b < es; b++)
+                if (((unsigned char *)o->out.p)[(size_t)(t * in->out_rs + e) * es + b] != CANARY)
+                    return fail(k, "out row gap at token %lld written", (long long)t);
+    if (c->lse_mode == LSE_NONE)
+        for (int64_t i = 0; i < in->ntok * c->H; i++)
+            if (!isnan(((float *)o->lse.p)[i])) return fail(k, "lse written although not requested");
+}
+
+static void compare(cmp_ctx *k, const ginputs *in, const goutputs *got, const double *want_out,
+                    const double *want_lse)
+{
+    const gcase *c = in->c;
+    grid_result *r = k->res;
+    double atol, rtol;
+    tolerance(c, &atol, &rtol);
+    int64_t qrow = (int64_t)c->H * c->D;
+    for (int64_t t = 0; t < in->ntok; t++)
+        for (int32_t h = 0; h < c->H; h++) {
+            for (int32_t d = 0; d < c->D; d++) {
+                double a = load_float(c->outd, got->out.p, t * in->out_rs + (int64_t)h * c->D + d);
+                double w = want_out[t * qrow + (int64_t)h * c->D + d];
+                double err = fabs(a - w);
+                if (!isfinite(a))
+                    return fail(k, "out[t=%lld,h=%d,d=%d] = %g (unwritten or NaN leak)", (long long)t, h, d, a);
+                if (err > r->max_abs_err) r->max_abs_err = err;
+                if (err / fmax(fabs(w), 1e-3) > r->max_rel_err) r->max_rel_err = err / fmax(fabs(w), 1e-3);
+                if (err > atol + rtol * fabs(w))
+                    return fail(k, "out[t=%lld,h=%d,d=%d] = %.8g, want %.8g (tol %.2g + %.2g*|want|)",
+                                (long long)t, h, d, a, w, atol, rtol);
+            }
+            if (c->lse_mode == LSE_NONE) continue;
+            double a = ((float *)got->lse.p)[t * got->lse_ts + h * got->lse_hs], w = want_lse[t * c->H + h];
+            if (isinf(w) || isinf(a)) {
+                if (a != w) return fail(k, "lse[t=%lld,h=%d] = %g, want %g", (long long)t, h, a, w);
+                continue;
+            }
+            double err = fabs(a - w);
+            if (err > r->max_lse_err) r->max_lse_err = err;
+            if (!(err <= 1e-4 * fmax(1.0, fabs(w))))
+                return fail(k, "lse[t=%lld,h=%d] = %.8g, want %.8g", (long long)t, h, a, w);
+        }
+}
+
+/* Reads a run's outputs as doubles ([T, H*D] and [T, H]). */
+static void as_doubles(const ginputs *in, const goutputs *o, double *out, double *lse)
+{
+    const gcase *c = in->c;
+    int64_t qrow = (int64_t)c->H * c->D;
+    for (int64_t t = 0; t < in->ntok; t++) {
+        for (int64_t e = 0; e < qrow; e++) out[t * qrow + e] = load_float(c->outd, o->out.p, t * in->out_rs + e);
+        for (int32_t h = 0; h < c->H; h++) lse[t * c->H + h] = ((float *)o->lse.p)[t * o->lse_ts + h * o->lse_hs];
+    }
+}
+
+static pa_status run_reference(const ginputs *in, goutputs *ref)
+{
+    pa_context *rctx = NULL;
+    pa_status s = pa_context_create(pa_backend_find("reference"), NULL, &rctx);
+    if (!s) s = run_forward(rctx, in, ref, false);
+    pa_context_destroy(rctx);
+    return s;
+}
+
+int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_result *res)
+{
+    build_cases();
+    memset(res, 0, sizeof *res);
+    if (index < 0 || index >= ncases || !backend) {
+        snprintf(res->reason, sizeof res->reason, "no case %d or no backend", index);
+        return res->failed = 1;
+    }
+    const gcase *c = &cases[index];
+    bool device = pa_backend_memory(backend) != PA_MEMORY_HOST;
+    if (device && !have_dev_hooks) {
+        snprintf(res->reason, sizeof res->reason, "device backend without staging hooks");
+        res->skipped = 1;
+        return 0;
+    }
+    ginputs in;
+    goutputs got, ref;
+    cmp_ctx k = {res, 0};
+    memset(&got, 0, sizeof got);
+    memset(&ref, 0, sizeof ref);
+    if (make_inputs(&in, c, res->reason, sizeof res->reason) || make_outputs(&in, &got) || make_outputs(&in, &ref)) {
+        res->failed = 1;
+        goto done;
+    }
+    char why[200];
+    if (pa_backend_supports(backend, in.layer, why, sizeof why) == PA_STATUS_UNSUPPORTED) {
+        res->skipped = 1;
+        snprintf(res->reason, sizeof res->reason, "unsupported: %s", why);
+        goto done;
+    }
+    pa_context_options opt = {num_threads, 0, NULL};
+    pa_context *ctx = NULL;
+    pa_status s = pa_context_create(backend, &opt, &ctx);
+    if (!s) s = run_forward(ctx, &in, &got, device);
+    pa_context_destroy(ctx);
+    pa_status rs = s ? PA_STATUS_OK : run_reference(&in, &ref);
+    if (s || rs) {
+        fail(&k, "forward failed: %s: %s", pa_status_name(s ? s : rs), pa_last_error());
+    } else {
+        int64_t n = in.ntok * c->H * c->D;
+        double *wo = malloc((size_t)(n + 1) * sizeof *wo), *wl = malloc((size_t)(in.ntok * c->H + 1) * sizeof *wl);
+        as_doubles(&in, &ref, wo, wl);
+        check_gaps(&k, &in, &got);
+        compare(&k, &in, &got, wo, wl);
+        if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
+            fail(&k, "the cache after forward differs from the reference's");
+        free(wo);
+        free(wl);
+    }
+    res->failed = k.fail;
+done:
+    free_outputs(&got);
+    free_outputs(&ref);
+    free_inputs(&in);
+    return res->failed;
+}
+
+int grid_run_all(const pa_backend *backend, const char *filter, int num_threads, FILE *out)
+{
+    build_cases();
+    int failures = 0, passed = 0, skipped = 0;
+    if (out)
+        fprintf(out, "%-4s %-6s %10s %10s %10s  %s\n", "#", "result", "max_abs", "max_rel", "lse_err", "case");
+    for (int i = 0; i < ncases; i++) {
+        if (filter && !strstr(cases[i].name, filter)) continue;
+        grid_result r;
+        grid_run_case(backend, i, num_threads, &r);
+        failures += r.failed;
+        skipped += r.skipped;
+        passed += !r.failed && !r.skipped;
+        if (out) {
+            fprintf(out, "%-4d %-6s %10.3g %10.3g %10.3g  %s\n", i, r.failed ? "FAIL" : r.skipped ? "skip" : "ok",
+                    r.max_abs_err, r.max_rel_err, r.max_lse_err, cases[i].name);
+            if (r.failed || r.skipped) fprintf(out, "     -> %s\n", r.reason);
+            fflush(out);
+        }
+    }
+    if (out)
+        fprintf(out, "%s: %d passed, %d failed, %d skipped\n", pa_backend_name(backend), passed, failures, skipped);
+    return failures;
+}
+
+/* ---- the independent oracle ------------------------------------------------------------------
+ * Written from the contract, sharing nothing with the library but the scalar dtype conversions
+ * (tested exhaustively on their own): for each sequence, gather its keys and values into
+ * contiguous arrays (emulating this step's cache write), build the visibility of every
+ * (query, key) pair explicitly, and take the softmax in long double. */
+
+/* Dequantized element as stored in a cache of the case's dtype. */
+static long double stored(const gcase *c, double x, double scale)
+{
+    bool fp8 = pa_dtype_size(c->cache) == 1;
+    float f = (float)(fp8 ? (float)x / (float)scale : x);
+    switch (c->cache) {
+    case PA_DTYPE_F32: return f;
+    case PA_DTYPE_F16: return pa_f16_to_f32(pa_f32_to_f16(f));
+    case PA_DTYPE_BF16: return pa_bf16_to_f32(pa_f32_to_bf16(f));
+    case PA_DTYPE_FP8_E4M3: return (long double)pa_fp8e4m3_to_f32(pa_f32_to_fp8e4m3(f)) * scale;
+    default: return (long double)pa_fp8e5m2_to_f32(pa_f32_to_fp8e5m2(f)) * scale;
+    }
+}
+
+/* Element offset of (block, token, head) in the case's pool layout, recomputed here. */
+static int64_t pool_offset(const ginputs *in, int32_t block, int32_t t, int32_t h)
+{
+    const gcase *c = in->c;
+    int64_t D = c->D, Hkv = c->Hkv, B = c->B;
+    switch (c->layout) {
+    case LAYOUT_HND: return ((block * Hkv + h) * B + t) * D;
+    case LAYOUT_INTERLEAVED: return block * 2 * B * Hkv * D + (t * Hkv + h) * D;
+    case LAYOUT_PADDED: return block * (B * (Hkv * (D + 3) + 1) + 5) + t * (Hkv * (D + 3) + 1) + h * (D + 3);
+    default: return ((block * B + t) * Hkv + h) * D;
+    }
+}
+
+/* Keys and values of sequence s: [n, Hkv, D]. */
+static int64_t gather(const ginputs *in, int s, int64_t tok0, int64_t enc0, long double *K, long double *V)
+{
+    const gcase *c = in->c;
+    int64_t kvrow = (int64_t)c->Hkv * c->D;
+    const void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
+    const void *vb = in->vbuf.base ? in->vbuf.p : (char *)in->qkv.p + in->v_off;
+    bool cross = c->type == PA_ATTN_ENCODER_DECODER, cached = c->type == PA_ATTN_DECODER || cross;
+    int64_t n = cross ? c->seqs[s].enc : c->type == PA_ATTN_DECODER ? c->seqs[s].ctx + c->seqs[s].q : c->seqs[s].q;
+    for (int64_t j = 0; j < n; j++) {
+        /* Does key j come from this step's k/v rows? */
+        int64_t row = -1;
+        if (!c->no_kv) {
+            if (cross) row = enc0 + j;
+            else if (!cached) row = tok0 + j;
+            else if (j >= c->seqs[s].ctx && !(c->explicit_slots && (j - c->seqs[s].ctx) % 3 == 1))
+                row = tok0 + (j - c->seqs[s].ctx);
+        }
+        for (int64_t e = 0; e < kvrow; e++) {
+            if (row >= 0) {
+                double k = load_float(c->kvd, kb, row * in->k_rs + e), v = load_float(c->kvd, vb, row * in->v_rs + e);
+                K[j * kvrow + e] = cached ? stored(c, k, c->kscale) : k;
+                V[j * kvrow + e] = cached ? stored(c, v, c->vscale) : v;
+                continue;
+            }
+            const int32_t *table = cross ? in->xtables[s] : in->tables[s];
+            int64_t off = pool_offset(in, table[j / c->B], (int32_t)(j % c->B), (int32_t)(e / c->D)) + e % c->D;
+            bool fp8 = pa_dtype_size(c->cache) == 1;
+            K[j * kvrow + e] = load_float(c->cache, in->pool_buf.p, off) * (fp8 ? c->kscale : 1.0);
+            V[j * kvrow + e] = load_float(c->cache, (char *)in->pool_buf.p + in->value_off, off) * (fp8 ? c->vscale : 1.0);
+        }
+    }
+    return n;
+}
+
+static bool visible(const gcase *c, int32_t h, int64_t p, int64_t j)
+{
+    if (c->type == PA_ATTN_ENCODER_DECODER) return true;
+    if (c->type == PA_ATTN_DECODER && j > p) return false;
+    int64_t wl = c->sw > 0 ? c->sw - 1 : c->wl, wr = c->sw > 0 ? 0 : c->wr;
+    if (wl >= 0 && j < p - wl) return false;
+    if (wr >= 0 && j > p + wr) return false;
+    if (c->bs.block_size > 0) {
+        int64_t qb = p / c->bs.block_size, kb = j / c->bs.block_size;
+        if (kb > qb) return false;
+        if (qb - kb < c->bs.local_blocks) return true;
+        int64_t step = c->bs.homo_head ? 0 : c->bs.head_sliding_step, off;
+        if (step >= 0) off = ((int64_t)c->bs.tp_rank * c->H + h) * step + 1;
+        else off = ((int64_t)c->bs.tp_rank * c->Hkv + h / (c->H / c->Hkv)) * -step + 1;
+        return (kb + off) % c->bs.vert_stride == 0;
+    }
+    return true;
+}
+
+static void oracle(const ginputs *in, double *want_out, double *want_lse)
+{
+    const gcase *c = in->c;
+    int64_t qrow = (int64_t)c->H * c->D, kvrow = (int64_t)c->Hkv * c->D, tok0 = 0, enc0 = 0;
+    int64_t maxn = 1;
+    for (int s = 0; s < c->nseq; s++) maxn = fmax(maxn, c->seqs[s].ctx + c->seqs[s].q + c->seqs[s].enc);
+    long double *K = malloc((size_t)(maxn * kvrow) * sizeof *K), *V = malloc((size_t)(maxn * kvrow) * sizeof *V);
+    long double *S = malloc((size_t)maxn * sizeof *S);
+    float scale = (float)(1.0 / sqrt((double)c->D));
+    for (int s = 0; s < c->nseq; s++) {
+        int64_t n = gather(in, s, tok0, enc0, K, V);
+        for (int32_t t = 0; t < c->seqs[s].q; t++)
+            for (int32_t h = 0; h < c->H; h++) {
+                int64_t p = c->seqs[s].ctx + t, kh = h / (c->H / c->Hkv);
+                long double m = c->sinks ? in->sinks[h] : -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    long double dot = 0;
+                    for (int32_t d = 0; d < c->D; d++)
+                        dot += (long double)load_float(c->qd, (char *)in->qkv.p + in->q_off, (tok0 + t) * in->q_rs + h * c->D + d) *
+                               K[j * kvrow + kh * c->D + d];
+                    long double x = scale * dot;
+                    if (c->softcap > 0) x = c->softcap * tanhl(x / c->softcap);
+                    if (c->alibi) x -= (long double)in->alibi[h] * fabsl((long double)(j - p));
+                    S[j] = visible(c, h, p, j) ? x : NAN;
+                    if (!isnan(S[j]) && S[j] > m) m = S[j];
+                }
+                long double den = 0, acc[512] = {0};
+                for (int64_t j = 0; j < n && m > -INFINITY; j++) {
+                    if (isnan(S[j])) continue;
+                    long double w = expl(S[j] - m);
+                    den += w;
+                    for (int32_t d = 0; d < c->D; d++) acc[d] += w * V[j * kvrow + kh * c->D + d];
+                }
+                if (c->sinks && m > -INFINITY) den += expl(in->sinks[h] - m);
+                for (int32_t d = 0; d < c->D; d++) {
+                    double o = den > 0 ? (double)(acc[d] / den) : 0.0;
+                    /* the library rounds once to the output dtype; so does the oracle */
+                    want_out[(tok0 + t) * qrow + h * c->D + d] =
+                        c->outd == PA_DTYPE_F32 ? (float)o : c->outd == PA_DTYPE_F16 ? pa_f16_to_f32(pa_f32_to_f16((float)o)) : pa_bf16_to_f32(pa_f32_to_bf16((float)o));
+                }
+                want_lse[(tok0 + t) * c->H + h] = den > 0 ? (double)(m + logl(den)) : -INFINITY;
+            }
+        tok0 += c->seqs[s].q;
+        enc0 += c->seqs[s].enc;
+    }
+    free(K);
+    free(V);
+    free(S);
+}
+
+int grid_check_reference(int index, grid_result *res)
+{
+    build_cases();
+    memset(res, 0, sizeof *res);
+    const gcase *c = &cases[index];
+    ginputs in;
+    goutputs ref;
+    memset(&ref, 0, sizeof ref);
+    cmp_ctx k = {res, 0};
+    if (make_inputs(&in, c, res->reason, sizeof res->reason) || make_outputs(&in, &ref)) {
+        res->failed = 1;
+    } else if (run_reference(&in, &ref)) {
+        fail(&k, "reference forward failed: %s", pa_last_error());
+    } else {
+        int64_t n = in.ntok * c->H * c->D;
+        double *wo = malloc((size_t)(n + 1) * sizeof *wo), *wl = malloc((size_t)(in.ntok * c->H + 1) * sizeof *wl);
+        oracle(&in, wo, wl);
+        check_gaps(&k, &in, &ref);
+        compare(&k, &in, &ref, wo, wl);
+        free(wo);
+        free(wl);
+    }
+    res->failed |= k.fail;
+    free_outputs(&ref);
+    free_inputs(&in);
+    return res->failed;
+}

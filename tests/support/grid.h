@@ -1,0 +1,50 @@
+/* grid.h: the shared, seeded case grid of DESIGN.md. Every backend is checked against the
+ * reference backend on it (tests/test_grid_*.c, `pagedattn verify`). A case describes a layer,
+ * a cache and a batch; running it builds everything with NaN-filled unused cache, poisons and
+ * guards the outputs, runs forward on the backend under test and on the reference, and compares
+ * outputs, LSEs and the written cache. */
+#ifndef PAGEDATTN_GRID_H
+#define PAGEDATTN_GRID_H
+
+#include "pagedattn.h"
+
+#include <stdio.h>
+
+typedef struct grid_result {
+    int skipped;           /* the backend reported UNSUPPORTED; reason below */
+    int failed;            /* a mismatch, a poisoned/unwritten element, a canary hit, a bad status */
+    double max_abs_err;    /* over all output elements, vs the reference */
+    double max_rel_err;    /* |a - r| / max(|r|, 1e-3) */
+    double max_lse_err;
+    char reason[256];      /* why skipped or failed */
+} grid_result;
+
+/* Number of cases and the name of case i ("decoder/gqa4/d128/bs16/bf16 ..."). */
+int grid_count(void);
+const char *grid_case_name(int index);
+
+/* Runs case `index` on `backend` (a context is created with `num_threads`, 0 = default) and
+ * compares with the reference. Returns 0 if passed or skipped, 1 if failed. */
+int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_result *res);
+
+/* Runs every case whose name contains `filter` (NULL = all); prints one table row per case to
+ * `out` (NULL = quiet) and returns the number of failures. */
+int grid_run_all(const pa_backend *backend, const char *filter, int num_threads, FILE *out);
+
+/* Device-memory backends (cuda): the harness stages every buffer through these hooks, which
+ * the backend's own test installs (the harness itself links no accelerator runtime). Each
+ * returns 0 on success. */
+typedef struct grid_device_hooks {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *ptr);
+    int (*to_device)(void *dst, const void *src, size_t bytes);
+    int (*to_host)(void *dst, const void *src, size_t bytes);
+} grid_device_hooks;
+void grid_set_device_hooks(const grid_device_hooks *hooks);
+
+/* Runs case `index` on the reference backend and on the independent oracle of oracle.c
+ * (gather each sequence's keys into contiguous arrays, build the visibility mask explicitly,
+ * softmax in long double) and compares. Returns 0 if they agree. */
+int grid_check_reference(int index, grid_result *res);
+
+#endif
