@@ -1,0 +1,143 @@
+/*
+ * cpu.h: what the files of the cpu backend share (kernel table, thread pool, plan, context).
+ *
+ * Algorithm (one "item" = one sequence x one KV head x up to CPU_ROWS query rows x one KV
+ * chunk): the item's query rows (every query head of the KV head's group, times a tile of
+ * tokens) are converted to fp32 and pre-scaled; keys are walked in tiles of CPU_KT: each tile's
+ * K and V rows are gathered from the paged cache and converted to fp32 once (so every query
+ * head sharing the KV head reuses them: GQA-aware), scores S = Q K^T, soft-cap, ALiBi and the
+ * mask are applied, then an online-softmax update and O += P V (FlashAttention-2). Long key
+ * ranges are cut into chunks at fixed multiples of the chunk size (a function of the
+ * sequence's own lengths only); chunked rows are merged by LSE in chunk order afterwards, so
+ * results are bitwise identical for any thread count and any batch around the sequence.
+ */
+#ifndef PAGEDATTN_CPU_H
+#define PAGEDATTN_CPU_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define CPU_ROWS 64 /* max query rows (heads x tokens) of one item */
+#define CPU_KT 64   /* keys per tile */
+#define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
+_Static_assert(CPU_ROWS <= CPU_KT, "query rows reuse the key-row pointer array");
+
+/* ---- ISA kernels -------------------------------------------------------------------------- */
+
+/* The hot loops; the generic table is always filled, ISA files override entries. All fp32
+ * buffers are 64-byte aligned, rows dp (multiple of CPU_DPAD) floats apart. */
+typedef struct pa__cpu_kernels {
+    const char *name;
+    /* dst[i][0..d) = convert(rows[i][0..d)) for i < n, dst[i][d..dp) = 0. dtype: any. */
+    void (*load_rows)(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst);
+    /* S[r * lds + c] = dot(Q[r], K[c]) over dp for r < nr, c < nc. */
+    void (*qk)(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds);
+    /* Max of s[0..n) (-inf for all -inf). */
+    float (*row_max)(const float *s, int n);
+    /* s[i] = exp(s[i] - m) (exactly 0 where s[i] is -inf); returns the sum. m finite. */
+    float (*exp_row)(float *s, int n, float m);
+    /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c]. */
+    void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
+               const float *alpha, const unsigned char *colmask, float *o);
+    /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
+    void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
+} pa__cpu_kernels;
+
+void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
+#if defined(__x86_64__) || defined(_M_X64)
+#  define PA__CPU_X86 1
+void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
+#  ifdef PAGEDATTN_HAVE_AVX512
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k);
+#  endif
+#endif
+
+/* CPU features (x86: CPUID + XGETBV; other machines: all false). */
+typedef struct pa__cpu_features {
+    bool avx2, fma, f16c, os_ymm;                       /* AVX2 path needs all four */
+    bool avx512f, avx512bw, avx512vl, avx512bf16, os_zmm; /* AVX-512 path: f, bw, vl, os_zmm */
+} pa__cpu_features;
+void pa__cpu_detect(pa__cpu_features *f);
+
+typedef enum { PA__ISA_GENERIC = 0, PA__ISA_AVX2 = 1, PA__ISA_AVX512 = 2 } pa__cpu_isa;
+/* Whether the path is compiled in and this machine can run it. */
+bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f);
+const char *pa__cpu_isa_name(pa__cpu_isa isa);
+
+/* ---- thread pool -------------------------------------------------------------------------- */
+
+/* fn(arg, index, thread) for every index < n, spread over the pool's threads (the caller is
+ * thread 0). Returns when all are done. */
+typedef void (*pa__cpu_task_fn)(void *arg, int64_t index, int thread);
+typedef struct pa__cpu_pool pa__cpu_pool;
+pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out);
+void pa__cpu_pool_destroy(pa__cpu_pool *pool);
+void pa__cpu_pool_run(pa__cpu_pool *pool, int64_t n, pa__cpu_task_fn fn, void *arg);
+int pa__cpu_online_cores(void);
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+/* Per-thread fp32 scratch of one item (sized for head_size padded to dp_cap). */
+typedef struct pa__cpu_scratch {
+    float *q;   /* [CPU_ROWS][dp] scaled queries */
+    float *o;   /* [CPU_ROWS][dp] accumulators */
+    float *k;   /* [CPU_KT][dp] */
+    float *v;   /* [CPU_KT][dp] */
+    float *s;   /* [CPU_ROWS][CPU_KT] scores, then probabilities */
+    float m[CPU_ROWS], l[CPU_ROWS], alpha[CPU_ROWS];
+    int64_t lo[CPU_ROWS], hi[CPU_ROWS], pos[CPU_ROWS];
+    int32_t head[CPU_ROWS];
+    unsigned char vis[CPU_ROWS];       /* 0 none, 1 all, 2 partial (per tile) */
+    unsigned char colmask[CPU_KT];
+    const void *rows[CPU_KT];
+} pa__cpu_scratch;
+
+typedef struct pa__cpu_ctx {
+    pa__cpu_isa isa;
+    pa__cpu_kernels kern;
+    pa__cpu_pool *pool;
+    int32_t nthreads;
+    int32_t dp_cap;              /* scratch sized for this padded head size */
+    pa__cpu_scratch *scratch;    /* [nthreads] */
+} pa__cpu_ctx;
+
+/* Makes sure every thread's scratch holds head size dp (allocates; never called by forward). */
+pa_status pa__cpu_ctx_reserve(pa__cpu_ctx *c, int32_t dp);
+
+/* ---- plan --------------------------------------------------------------------------------- */
+
+typedef struct pa__cpu_item {
+    int32_t seq, kvh, h0, nh, t0, nt; /* query rows: heads h0..h0+nh, tokens t0..t0+nt */
+    int64_t k0, k1;                   /* key chunk [k0, k1) */
+    int64_t part;                     /* -1: rows finished here; else first partial row slot */
+    int64_t cost;
+} pa__cpu_item;
+
+typedef struct pa__cpu_merge {
+    int32_t seq, h0, nh, t0, nt;
+    int32_t nchunks;
+    int64_t part; /* slots part + c * nrows + r for chunk c, row r */
+} pa__cpu_merge;
+
+typedef struct pa__cpu_plan {
+    int64_t nitems, nmerges;
+    pa__cpu_item *items;
+    pa__cpu_merge *merges;
+    int64_t npart_rows;
+    float *part;  /* [npart_rows][dp + 2]: m, l, O */
+    int32_t dp;
+} pa__cpu_plan;
+
+pa_status pa__cpu_plan_build(pa__cpu_ctx *c, const struct pa_layer *layer,
+                             const struct pa_batch *batch, pa__cpu_plan **out);
+void pa__cpu_plan_free(pa__cpu_plan *p);
+pa_status pa__cpu_attend(pa__cpu_ctx *c, const pa__fwd *f, pa__cpu_plan *p);
+
+static inline int32_t pa__cpu_dpad(int32_t d)
+{
+    return (d + CPU_DPAD - 1) / CPU_DPAD * CPU_DPAD;
+}
+
+#endif

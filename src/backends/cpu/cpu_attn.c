@@ -1,0 +1,306 @@
+/* cpu_attn.c: running a plan: one item = FlashAttention-2 over one key chunk for up to
+ * CPU_ROWS query rows sharing one KV head (see cpu.h), then the LSE merge of chunked rows.
+ *
+ * Edge cases, all handled here rather than in the kernels: keys outside a row's visible range
+ * (causal, window, block-sparse) get a score of -inf and a probability of exactly 0; key tiles
+ * no row can see are never loaded; keys at or beyond the sequence's length are never read; a
+ * row that sees nothing keeps m = -inf, l = 0 and yields out = 0, lse = -inf; the sink enters
+ * the denominator once, as the initial state of an unchunked row or in the merge. */
+#include "cpu.h"
+
+typedef struct {
+    pa__cpu_ctx *c;
+    const pa__fwd *f;
+    pa__cpu_plan *p;
+} job;
+
+/* Where a key row comes from: the paged cache, or the step's own K/V rows (encoder types). */
+typedef struct {
+    const char *kbase, *vbase;
+    pa_dtype dtype;
+    size_t esz;
+    const pa_cache *cache; /* NULL: rows kbase + (row0 + j) * krs */
+    const int32_t *table;
+    int64_t head_off;      /* elements: kvh * head_stride, or kvh * head_size */
+    int64_t row0, krs, vrs;
+} key_src;
+
+static void key_src_init(key_src *ks, const pa__fwd *f, int32_t s, int32_t kvh)
+{
+    const struct pa_layer *L = f->layer;
+    const struct pa_batch *b = f->batch;
+    const pa_forward_args *a = f->args;
+    pa_attn_type type = L->cfg.attn_type;
+    memset(ks, 0, sizeof *ks);
+    if (type == PA_ATTN_ENCODER || type == PA_ATTN_ENCODER_ONLY) {
+        ks->kbase = a->k;
+        ks->vbase = a->v;
+        ks->dtype = L->cfg.kv_dtype;
+        ks->head_off = (int64_t)kvh * L->cfg.head_size;
+        ks->row0 = b->md.query_start_loc[s];
+        ks->krs = a->k_row_stride;
+        ks->vrs = a->v_row_stride;
+    } else {
+        ks->cache = a->cache;
+        ks->kbase = a->cache->key;
+        ks->vbase = a->cache->value;
+        ks->dtype = a->cache->dtype;
+        ks->head_off = (int64_t)kvh * a->cache->head_stride;
+        if (type == PA_ATTN_ENCODER_DECODER)
+            ks->table = b->md.cross_block_tables + (int64_t)s * b->md.max_cross_blocks_per_seq;
+        else
+            ks->table = b->md.block_tables + (int64_t)s * b->md.max_blocks_per_seq;
+    }
+    ks->esz = pa_dtype_size(ks->dtype);
+}
+
+static void key_rows(const key_src *ks, bool value, int64_t a, int n, const void **rows)
+{
+    const char *base = value ? ks->vbase : ks->kbase;
+    if (!ks->cache) {
+        int64_t rs = value ? ks->vrs : ks->krs;
+        for (int i = 0; i < n; i++)
+            rows[i] = base + ((ks->row0 + a + i) * rs + ks->head_off) * (int64_t)ks->esz;
+        return;
+    }
+    const pa_cache *c = ks->cache;
+    for (int i = 0; i < n; i++) {
+        int64_t j = a + i;
+        int64_t off = pa__cache_key_offset(c, ks->table, j) + ks->head_off;
+        rows[i] = base + off * (int64_t)ks->esz;
+    }
+}
+
+/* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
+ * is constant over a sparse block up to the causal cut j <= p, which the range already has. */
+static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a, int64_t b)
+{
+    int64_t bsz = L->cfg.blocksparse.block_size;
+    bool any = false, all = true;
+    for (int64_t j = a; j < b; j = (j / bsz + 1) * bsz) {
+        bool v = pa__blocksparse_visible(L, h, p, j);
+        any |= v;
+        all &= v;
+    }
+    return any ? (all ? 1 : 2) : 0;
+}
+
+static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l,
+                      const pa__cpu_kernels *k)
+{
+    const pa_forward_args *a = f->args;
+    const pa_layer_config *cfg = &f->layer->cfg;
+    int32_t d = cfg->head_size;
+    float vs = pa__dtype_is_fp8(cfg->cache_dtype) && cfg->attn_type != PA_ATTN_ENCODER &&
+                       cfg->attn_type != PA_ATTN_ENCODER_ONLY
+                   ? cfg->v_scale
+                   : 1.0f;
+    size_t osz = pa_dtype_size(cfg->out_dtype);
+    char *dst = (char *)a->out + (tok * a->out_row_stride + (int64_t)h * d) * (int64_t)osz;
+    k->store_row(cfg->out_dtype, o, d, l > 0.0f ? vs / l : 0.0f, dst);
+    if (a->lse)
+        a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] =
+            l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+static float q_scale(const pa_layer_config *cfg)
+{
+    bool cached = cfg->attn_type == PA_ATTN_DECODER || cfg->attn_type == PA_ATTN_ENCODER_DECODER;
+    return cfg->scale * (cached && pa__dtype_is_fp8(cfg->cache_dtype) ? cfg->k_scale : 1.0f);
+}
+
+/* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
+static void score_fix(const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a, int nc)
+{
+    const pa_layer_config *cfg = &L->cfg;
+    for (int r = 0; r < nr; r++) {
+        float *s = sc->s + r * CPU_KT;
+        if (sc->vis[r] == 0) {
+            for (int c = 0; c < nc; c++) s[c] = -INFINITY;
+            continue;
+        }
+        if (cfg->logits_soft_cap > 0.0f) {
+            float cap = cfg->logits_soft_cap, inv = 1.0f / cap;
+            for (int c = 0; c < nc; c++) s[c] = cap * tanhf(s[c] * inv);
+        }
+        if (L->alibi) {
+            float slope = L->alibi[sc->head[r]];
+            for (int c = 0; c < nc; c++) {
+                int64_t dj = a + c - sc->pos[r];
+                s[c] -= slope * (float)(dj < 0 ? -dj : dj);
+            }
+        }
+        if (sc->vis[r] == 2) {
+            for (int c = 0; c < nc; c++) {
+                int64_t j = a + c;
+                if (j < sc->lo[r] || j >= sc->hi[r] ||
+                    !pa__blocksparse_visible(L, sc->head[r], sc->pos[r], j))
+                    s[c] = -INFINITY;
+            }
+        }
+    }
+}
+
+static void run_item(void *arg, int64_t index, int thread)
+{
+    job *J = arg;
+    const pa__cpu_item *it = &J->p->items[index];
+    const pa__fwd *f = J->f;
+    const struct pa_layer *L = f->layer;
+    const pa_layer_config *cfg = &L->cfg;
+    const struct pa_batch *b = f->batch;
+    const pa__cpu_kernels *K = &J->c->kern;
+    pa__cpu_scratch *sc = &J->c->scratch[thread];
+    const int32_t d = cfg->head_size, dp = J->p->dp;
+    const int nr = it->nh * it->nt;
+    const int64_t qs = b->md.query_start_loc[it->seq];
+    const int64_t ctxl = b->md.context_lens[it->seq];
+    const int64_t kvlen = pa__kv_len(b, cfg->attn_type, it->seq);
+    const bool split = it->part >= 0;
+    const bool bs = cfg->blocksparse.block_size > 0;
+
+    /* rows: r = t * nh + hh */
+    int64_t ulo = INT64_MAX, uhi = INT64_MIN;
+    size_t qsz = pa_dtype_size(cfg->q_dtype);
+    for (int r = 0; r < nr; r++) {
+        int t = r / it->nh, h = it->h0 + r % it->nh;
+        int64_t tok = qs + it->t0 + t, lo, hi;
+        sc->head[r] = h;
+        sc->pos[r] = ctxl + it->t0 + t;
+        pa__key_range(L, sc->pos[r], kvlen, &lo, &hi);
+        if (lo < it->k0) lo = it->k0;
+        if (hi > it->k1) hi = it->k1;
+        sc->lo[r] = lo;
+        sc->hi[r] = hi;
+        if (lo < hi) {
+            if (lo < ulo) ulo = lo;
+            if (hi > uhi) uhi = hi;
+        }
+        bool sink = L->sinks && !split;
+        sc->m[r] = sink ? L->sinks[h] : -INFINITY;
+        sc->l[r] = sink ? 1.0f : 0.0f;
+        sc->rows[r] = (const char *)f->args->q + (tok * f->args->q_row_stride + (int64_t)h * d) * (int64_t)qsz;
+    }
+    memset(sc->o, 0, (size_t)nr * dp * sizeof(float));
+
+    if (ulo < uhi) {
+        /* the query rows, converted and pre-scaled */
+        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS == CPU_KT */
+        float qsc = q_scale(cfg);
+        for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
+
+        key_src ks;
+        key_src_init(&ks, f, it->seq, it->kvh);
+        int64_t j0 = it->k0 + (ulo - it->k0) / CPU_KT * CPU_KT;
+        for (; j0 < uhi; j0 += CPU_KT) {
+            int64_t a = j0 > ulo ? j0 : ulo;
+            int64_t e = j0 + CPU_KT < uhi ? j0 + CPU_KT : uhi;
+            int nc = (int)(e - a);
+            bool any = false, full = true;
+            for (int r = 0; r < nr; r++) {
+                int v;
+                if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
+                else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
+                if (v && bs) {
+                    int64_t ca = a > sc->lo[r] ? a : sc->lo[r];
+                    int64_t ce = e < sc->hi[r] ? e : sc->hi[r];
+                    int w = bs_tile_vis(L, sc->head[r], sc->pos[r], ca, ce);
+                    v = w == 0 ? 0 : (v == 1 && w == 1 ? 1 : 2);
+                }
+                sc->vis[r] = (unsigned char)v;
+                any |= v != 0;
+                full &= v == 1;
+            }
+            if (!any) continue;
+
+            key_rows(&ks, false, a, nc, sc->rows);
+            K->load_rows(ks.dtype, sc->rows, nc, d, dp, sc->k);
+            K->qk(sc->q, nr, sc->k, nc, dp, sc->s, CPU_KT);
+            score_fix(L, sc, nr, a, nc);
+
+            for (int r = 0; r < nr; r++) {
+                float *s = sc->s + r * CPU_KT;
+                float mx = sc->vis[r] ? K->row_max(s, nc) : -INFINITY;
+                float mn = mx > sc->m[r] ? mx : sc->m[r];
+                if (mn == -INFINITY) {
+                    for (int c = 0; c < nc; c++) s[c] = 0.0f;
+                    sc->alpha[r] = 1.0f;
+                    continue;
+                }
+                float al = sc->m[r] == mn ? 1.0f : (sc->m[r] == -INFINITY ? 0.0f : expf(sc->m[r] - mn));
+                float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
+                if (!sc->vis[r])
+                    for (int c = 0; c < nc; c++) s[c] = 0.0f;
+                sc->l[r] = sc->l[r] * al + sum;
+                sc->m[r] = mn;
+                sc->alpha[r] = al;
+            }
+            const unsigned char *cm = NULL;
+            if (!full) {
+                for (int c = 0; c < nc; c++) {
+                    unsigned char v = 0;
+                    for (int r = 0; r < nr && !v; r++) v = sc->s[r * CPU_KT + c] != 0.0f;
+                    sc->colmask[c] = v;
+                }
+                cm = sc->colmask;
+            }
+            key_rows(&ks, true, a, nc, sc->rows);
+            K->load_rows(ks.dtype, sc->rows, nc, d, dp, sc->v);
+            K->pv(sc->s, CPU_KT, nr, sc->v, nc, dp, sc->alpha, cm, sc->o);
+        }
+    }
+
+    for (int r = 0; r < nr; r++) {
+        const float *o = sc->o + (size_t)r * dp;
+        if (split) {
+            float *pr = J->p->part + (size_t)(it->part + r) * (dp + 2);
+            pr[0] = sc->m[r];
+            pr[1] = sc->l[r];
+            memcpy(pr + 2, o, (size_t)d * sizeof(float));
+        } else {
+            write_row(f, qs + it->t0 + r / it->nh, sc->head[r], o, sc->m[r], sc->l[r], K);
+        }
+    }
+}
+
+/* Combines the chunks of one tile of rows in chunk order; the sink joins here, once. */
+static void run_merge(void *arg, int64_t index, int thread)
+{
+    job *J = arg;
+    const pa__cpu_merge *mg = &J->p->merges[index];
+    const pa__fwd *f = J->f;
+    const struct pa_layer *L = f->layer;
+    const int32_t d = L->cfg.head_size, dp = J->p->dp;
+    const int nr = mg->nh * mg->nt;
+    const int64_t qs = f->batch->md.query_start_loc[mg->seq];
+    float *acc = J->c->scratch[thread].o;
+    for (int r = 0; r < nr; r++) {
+        int32_t h = mg->h0 + r % mg->nh;
+        float M = L->sinks ? L->sinks[h] : -INFINITY;
+        for (int c = 0; c < mg->nchunks; c++) {
+            const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
+            if (pr[1] > 0.0f && pr[0] > M) M = pr[0];
+        }
+        float Lsum = 0.0f;
+        memset(acc, 0, (size_t)d * sizeof(float));
+        if (M != -INFINITY) {
+            if (L->sinks) Lsum = expf(L->sinks[h] - M);
+            for (int c = 0; c < mg->nchunks; c++) {
+                const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
+                if (!(pr[1] > 0.0f)) continue;
+                float w = expf(pr[0] - M);
+                Lsum += pr[1] * w;
+                for (int j = 0; j < d; j++) acc[j] += w * pr[2 + j];
+            }
+        }
+        write_row(f, qs + mg->t0 + r / mg->nh, h, acc, M, Lsum, &J->c->kern);
+    }
+}
+
+pa_status pa__cpu_attend(pa__cpu_ctx *c, const pa__fwd *f, pa__cpu_plan *p)
+{
+    job J = {c, f, p};
+    pa__cpu_pool_run(c->pool, p->nitems, run_item, &J);
+    pa__cpu_pool_run(c->pool, p->nmerges, run_merge, &J);
+    return PA_STATUS_OK;
+}

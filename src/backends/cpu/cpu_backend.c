@@ -1,0 +1,254 @@
+/* cpu_backend.c: the `cpu` backend's registry entry: ISA choice, contexts (thread pool and
+ * per-thread scratch), plans and forward. See cpu.h for the algorithm. */
+#include "cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f)
+{
+    switch (isa) {
+    case PA__ISA_GENERIC: return true;
+#ifdef PA__CPU_X86
+    case PA__ISA_AVX2: return f->avx2 && f->fma && f->f16c && f->os_ymm;
+#  ifdef PAGEDATTN_HAVE_AVX512
+    case PA__ISA_AVX512:
+        return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw && f->avx512vl &&
+               f->os_zmm;
+#  endif
+#endif
+    default: return false;
+    }
+}
+
+const char *pa__cpu_isa_name(pa__cpu_isa isa)
+{
+    static const char *const names[] = {"generic", "avx2", "avx512"};
+    return (unsigned)isa < 3 ? names[isa] : "?";
+}
+
+static pa__cpu_isa best_isa(const pa__cpu_features *f)
+{
+    for (int i = PA__ISA_AVX512; i > PA__ISA_GENERIC; i--)
+        if (pa__cpu_isa_usable((pa__cpu_isa)i, f)) return (pa__cpu_isa)i;
+    return PA__ISA_GENERIC;
+}
+
+/* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
+ * silent fallback), else the best this machine runs. */
+static pa_status choose_isa(pa__cpu_isa *out)
+{
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
+    const char *env = getenv("PAGEDATTN_CPU_ISA");
+    if (!env || !*env || !strcmp(env, "auto")) {
+        *out = best_isa(&f);
+        return PA_STATUS_OK;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(env, pa__cpu_isa_name((pa__cpu_isa)i))) continue;
+        if (!pa__cpu_isa_usable((pa__cpu_isa)i, &f))
+            return pa__fail(PA_STATUS_UNAVAILABLE,
+                            "PAGEDATTN_CPU_ISA=%s: this machine (or this build) cannot run it", env);
+        *out = (pa__cpu_isa)i;
+        return PA_STATUS_OK;
+    }
+    return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                    "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512 or auto", env);
+}
+
+static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
+{
+    pa__cpu_kernels_init_generic(k);
+#ifdef PA__CPU_X86
+    if (isa >= PA__ISA_AVX2) pa__cpu_kernels_init_avx2(k);
+#  ifdef PAGEDATTN_HAVE_AVX512
+    if (isa >= PA__ISA_AVX512) pa__cpu_kernels_init_avx512(k);
+#  endif
+#endif
+}
+
+static const char *cpu_info(void)
+{
+    static char buf[512];
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
+    const char *env = getenv("PAGEDATTN_CPU_ISA");
+    pa__cpu_isa best = best_isa(&f);
+    snprintf(buf, sizeof buf,
+             "isa: %s (%s)\n"
+             "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
+             "avx512bf16=%d os-zmm=%d\n"
+             "avx512 path: %s\n"
+             "threads: %d online cores\n",
+             env && *env ? env : pa__cpu_isa_name(best),
+             env && *env ? "forced by PAGEDATTN_CPU_ISA" : "best this machine runs",
+             f.avx2, f.fma, f.f16c, f.os_ymm, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16,
+             f.os_zmm,
+#ifdef PAGEDATTN_HAVE_AVX512
+             pa__cpu_isa_usable(PA__ISA_AVX512, &f) ? "built, runs here"
+                                                    : "built, cannot run on this CPU",
+#else
+             "not built (compiler lacks the flags)",
+#endif
+             pa__cpu_online_cores());
+    return buf;
+}
+
+static pa_status cpu_supports(const struct pa_layer *layer)
+{
+    const pa_layer_config *c = &layer->cfg;
+    if (c->head_size < 1 || c->head_size > 512)
+        return pa__fail(PA_STATUS_UNSUPPORTED, "cpu: head_size %d outside 1..512", c->head_size);
+    return PA_STATUS_OK;
+}
+
+static int32_t resolve_threads(int32_t n)
+{
+    return n > 0 ? n : pa__cpu_online_cores();
+}
+
+static void free_scratch(pa__cpu_scratch *s, int n)
+{
+    if (!s) return;
+    for (int i = 0; i < n; i++) {
+        pa__free(s[i].q);
+        pa__free(s[i].o);
+        pa__free(s[i].k);
+        pa__free(s[i].v);
+        pa__free(s[i].s);
+    }
+    pa__free(s);
+}
+
+static pa_status alloc_scratch(int n, int32_t dp, pa__cpu_scratch **out)
+{
+    pa__cpu_scratch *s = pa__calloc((size_t)n, sizeof *s);
+    if (!s) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: scratch");
+    size_t rows = (size_t)CPU_ROWS * dp * sizeof(float), keys = (size_t)CPU_KT * dp * sizeof(float);
+    for (int i = 0; i < n; i++) {
+        s[i].q = pa__calloc(1, rows);
+        s[i].o = pa__calloc(1, rows);
+        s[i].k = pa__calloc(1, keys);
+        s[i].v = pa__calloc(1, keys);
+        s[i].s = pa__calloc(1, (size_t)CPU_ROWS * CPU_KT * sizeof(float));
+        if (!s[i].q || !s[i].o || !s[i].k || !s[i].v || !s[i].s) {
+            free_scratch(s, i + 1);
+            return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: scratch for head size %d", dp);
+        }
+    }
+    *out = s;
+    return PA_STATUS_OK;
+}
+
+pa_status pa__cpu_ctx_reserve(pa__cpu_ctx *c, int32_t dp)
+{
+    if (dp <= c->dp_cap && c->scratch) return PA_STATUS_OK;
+    int32_t cap = dp > c->dp_cap ? dp : c->dp_cap;
+    pa__cpu_scratch *s;
+    pa_status st = alloc_scratch(c->nthreads, cap, &s);
+    if (st != PA_STATUS_OK) return st;
+    free_scratch(c->scratch, c->nthreads);
+    c->scratch = s;
+    c->dp_cap = cap;
+    return PA_STATUS_OK;
+}
+
+static pa_status cpu_set_num_threads(void *impl, int32_t n)
+{
+    pa__cpu_ctx *c = impl;
+    n = resolve_threads(n);
+    if (n == c->nthreads && c->pool) return PA_STATUS_OK;
+    pa__cpu_pool *pool;
+    pa__cpu_scratch *s;
+    pa_status st = alloc_scratch(n, c->dp_cap, &s);
+    if (st != PA_STATUS_OK) return st;
+    st = pa__cpu_pool_create(n, &pool);
+    if (st != PA_STATUS_OK) {
+        free_scratch(s, n);
+        return st;
+    }
+    pa__cpu_pool_destroy(c->pool);
+    free_scratch(c->scratch, c->nthreads);
+    c->pool = pool;
+    c->scratch = s;
+    c->nthreads = n;
+    return PA_STATUS_OK;
+}
+
+static int32_t cpu_num_threads(const void *impl)
+{
+    return ((const pa__cpu_ctx *)impl)->nthreads;
+}
+
+static void cpu_context_destroy(void *impl)
+{
+    pa__cpu_ctx *c = impl;
+    if (!c) return;
+    pa__cpu_pool_destroy(c->pool);
+    free_scratch(c->scratch, c->nthreads);
+    pa__free(c);
+}
+
+static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
+{
+    pa__cpu_isa isa = PA__ISA_GENERIC;
+    pa_status st = choose_isa(&isa);
+    if (st != PA_STATUS_OK) return st;
+    pa__cpu_ctx *c = pa__calloc(1, sizeof *c);
+    if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
+    c->isa = isa;
+    fill_kernels(isa, &c->kern);
+    c->dp_cap = 128;
+    st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
+    if (st != PA_STATUS_OK) {
+        cpu_context_destroy(c);
+        return st;
+    }
+    *impl = c;
+    return PA_STATUS_OK;
+}
+
+static pa_status cpu_plan_create(void *impl, const struct pa_layer *layer,
+                                 const struct pa_batch *batch, void **plan)
+{
+    return pa__cpu_plan_build(impl, layer, batch, (pa__cpu_plan **)plan);
+}
+
+static void cpu_plan_destroy(void *plan)
+{
+    pa__cpu_plan_free(plan);
+}
+
+static pa_status cpu_forward(void *impl, const pa__fwd *f, void *plan)
+{
+    const pa_layer_config *cfg = &f->layer->cfg;
+    const pa_forward_args *a = f->args;
+    const pa_batch_metadata *md = &f->batch->md;
+    if (f->write_kv && cfg->attn_type == PA_ATTN_DECODER)
+        pa__cache_write_host(a->cache, cfg->kv_dtype, a->k, a->k_row_stride, a->v, a->v_row_stride,
+                             md->slot_mapping, md->num_tokens, cfg->k_scale, cfg->v_scale);
+    else if (f->write_kv && cfg->attn_type == PA_ATTN_ENCODER_DECODER)
+        pa__cache_write_host(a->cache, cfg->kv_dtype, a->k, a->k_row_stride, a->v, a->v_row_stride,
+                             md->cross_slot_mapping, md->num_encoder_tokens, cfg->k_scale,
+                             cfg->v_scale);
+    return pa__cpu_attend(impl, f, plan);
+}
+
+const struct pa_backend pa__backend_cpu = {
+    .name = "cpu",
+    .description = "SIMD (AVX-512, AVX2+FMA+F16C or generic C) flash attention on a thread pool",
+    .preferred_layout = PA_LAYOUT_HND,
+    .memory = PA_MEMORY_HOST,
+    .available = NULL,
+    .info = cpu_info,
+    .supports = cpu_supports,
+    .context_create = cpu_context_create,
+    .context_destroy = cpu_context_destroy,
+    .set_num_threads = cpu_set_num_threads,
+    .num_threads = cpu_num_threads,
+    .synchronize = NULL,
+    .plan_create = cpu_plan_create,
+    .plan_destroy = cpu_plan_destroy,
+    .forward = cpu_forward,
+};

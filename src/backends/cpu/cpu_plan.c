@@ -1,0 +1,140 @@
+/* cpu_plan.c: the cpu backend's schedule for one batch and one head geometry.
+ *
+ * Items are cut from each sequence alone: query rows in tiles of at most CPU_ROWS (all the
+ * query heads of one KV head, times as many tokens as fit), keys in chunks of a size fixed by
+ * that sequence's own query length, at absolute multiples of it. Nothing here depends on the
+ * other sequences of the batch or on the thread count, which is what makes results bitwise
+ * reproducible. Items are ordered by estimated cost (largest first) for load balance only. */
+#include "cpu.h"
+
+#include <stdlib.h>
+
+/* Key chunk size of a sequence: short queries (decode) split long contexts finely so that even
+ * one sequence keeps every thread busy; prefill tiles already give parallelism. */
+static int64_t chunk_keys(int32_t query_len)
+{
+    return query_len <= 16 ? 512 : 1024;
+}
+
+typedef struct {
+    int32_t nh, nhc, nt;
+} row_shape;
+
+static row_shape shape_of(int32_t group)
+{
+    row_shape r;
+    r.nh = group < CPU_ROWS ? group : CPU_ROWS;
+    r.nhc = (group + r.nh - 1) / r.nh;
+    r.nt = CPU_ROWS / r.nh;
+    if (r.nt < 1) r.nt = 1;
+    return r;
+}
+
+/* Keys a query tile can reach before the window is known: causal rows stop at the tile's last
+ * position. */
+static int64_t tile_reach(const struct pa_layer *L, const struct pa_batch *b, int32_t s,
+                          int32_t t0, int32_t nt)
+{
+    int64_t kv = pa__kv_len(b, L->cfg.attn_type, s);
+    if (L->cfg.attn_type == PA_ATTN_DECODER) {
+        int64_t r = (int64_t)b->md.context_lens[s] + t0 + nt;
+        if (r < kv) kv = r;
+    }
+    return kv;
+}
+
+static int cmp_items(const void *pa, const void *pb)
+{
+    const pa__cpu_item *a = pa, *b = pb;
+    if (a->cost != b->cost) return a->cost > b->cost ? -1 : 1;
+    if (a->seq != b->seq) return a->seq < b->seq ? -1 : 1;
+    if (a->kvh != b->kvh) return a->kvh < b->kvh ? -1 : 1;
+    if (a->h0 != b->h0) return a->h0 < b->h0 ? -1 : 1;
+    if (a->t0 != b->t0) return a->t0 < b->t0 ? -1 : 1;
+    return a->k0 < b->k0 ? -1 : (a->k0 > b->k0);
+}
+
+/* Walks every (sequence, tile, KV head, head chunk, key chunk); fills items and merges when
+ * given, and always counts. */
+static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cpu_item *items,
+                      pa__cpu_merge *merges, int64_t *nitems, int64_t *nmerges, int64_t *nparts)
+{
+    const pa_layer_config *cfg = &L->cfg;
+    row_shape rs = shape_of(L->group);
+    int64_t ni = 0, nm = 0, np = 0;
+    for (int32_t s = 0; s < b->md.num_seqs; s++) {
+        int32_t qlen = b->md.query_lens[s];
+        int64_t ch = chunk_keys(qlen);
+        for (int32_t t0 = 0; t0 < qlen; t0 += rs.nt) {
+            int32_t nt = qlen - t0 < rs.nt ? qlen - t0 : rs.nt;
+            int64_t reach = tile_reach(L, b, s, t0, nt);
+            int64_t nch = reach > 0 ? (reach + ch - 1) / ch : 1;
+            for (int32_t kvh = 0; kvh < cfg->num_kv_heads; kvh++) {
+                for (int32_t hc = 0; hc < rs.nhc; hc++) {
+                    int32_t h0 = kvh * L->group + hc * rs.nh;
+                    int32_t nh = L->group - hc * rs.nh < rs.nh ? L->group - hc * rs.nh : rs.nh;
+                    int64_t rows = (int64_t)nh * nt;
+                    if (nch > 1 && merges) {
+                        pa__cpu_merge *m = &merges[nm];
+                        m->seq = s, m->h0 = h0, m->nh = nh, m->t0 = t0, m->nt = nt;
+                        m->nchunks = (int32_t)nch;
+                        m->part = np;
+                    }
+                    for (int64_t c = 0; c < nch; c++) {
+                        if (items) {
+                            pa__cpu_item *it = &items[ni];
+                            it->seq = s, it->kvh = kvh, it->h0 = h0, it->nh = nh;
+                            it->t0 = t0, it->nt = nt;
+                            it->k0 = c * ch;
+                            it->k1 = (c + 1) * ch < reach ? (c + 1) * ch : reach;
+                            it->part = nch > 1 ? np + c * rows : -1;
+                            it->cost = rows * (it->k1 - it->k0 + 16);
+                        }
+                        ni++;
+                    }
+                    if (nch > 1) {
+                        nm++;
+                        np += nch * rows;
+                    }
+                }
+            }
+        }
+    }
+    *nitems = ni;
+    *nmerges = nm;
+    *nparts = np;
+}
+
+pa_status pa__cpu_plan_build(pa__cpu_ctx *c, const struct pa_layer *layer,
+                             const struct pa_batch *batch, pa__cpu_plan **out)
+{
+    int32_t dp = pa__cpu_dpad(layer->cfg.head_size);
+    pa_status st = pa__cpu_ctx_reserve(c, dp);
+    if (st != PA_STATUS_OK) return st;
+    pa__cpu_plan *p = pa__calloc(1, sizeof *p);
+    if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan");
+    p->dp = dp;
+    enumerate(layer, batch, NULL, NULL, &p->nitems, &p->nmerges, &p->npart_rows);
+    p->items = pa__calloc((size_t)p->nitems, sizeof *p->items);
+    p->merges = pa__calloc((size_t)(p->nmerges ? p->nmerges : 1), sizeof *p->merges);
+    p->part = pa__calloc((size_t)(p->npart_rows ? p->npart_rows : 1), (size_t)(dp + 2) * sizeof(float));
+    if (!p->items || !p->merges || !p->part) {
+        pa__cpu_plan_free(p);
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan of %lld items",
+                        (long long)p->nitems);
+    }
+    int64_t ni, nm, np;
+    enumerate(layer, batch, p->items, p->merges, &ni, &nm, &np);
+    qsort(p->items, (size_t)p->nitems, sizeof *p->items, cmp_items);
+    *out = p;
+    return PA_STATUS_OK;
+}
+
+void pa__cpu_plan_free(pa__cpu_plan *p)
+{
+    if (!p) return;
+    pa__free(p->items);
+    pa__free(p->merges);
+    pa__free(p->part);
+    pa__free(p);
+}

@@ -1,0 +1,26 @@
+# The cpu backend: generic C kernels always; x86 ISA files each compiled with their own flags
+# (the rest of the library stays at the baseline) and chosen at run time after CPUID + XGETBV.
+include(CheckCCompilerFlag)
+set(PA_CPU_DIR ${CMAKE_CURRENT_LIST_DIR})
+list(APPEND PA_SOURCES
+  ${PA_CPU_DIR}/cpu_backend.c
+  ${PA_CPU_DIR}/cpu_pool.c
+  ${PA_CPU_DIR}/cpu_plan.c
+  ${PA_CPU_DIR}/cpu_attn.c
+  ${PA_CPU_DIR}/cpu_kernels_generic.c)
+list(APPEND PA_PRIVATE_DEFS PAGEDATTN_HAVE_CPU)
+
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_detect.c ${PA_CPU_DIR}/x86/cpu_avx2.c)
+  set_source_files_properties(${PA_CPU_DIR}/x86/cpu_avx2.c PROPERTIES
+    COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  check_c_compiler_flag("-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mf16c" PA_CC_HAS_AVX512BF16)
+  if(PA_CC_HAS_AVX512BF16)
+    list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_avx512.c)
+    set_source_files_properties(${PA_CPU_DIR}/x86/cpu_avx512.c PROPERTIES
+      COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx2;-mfma;-mf16c")
+    list(APPEND PA_PRIVATE_DEFS PAGEDATTN_HAVE_AVX512)
+  endif()
+else()
+  list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_detect.c)
+endif()

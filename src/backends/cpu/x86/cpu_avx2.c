@@ -1,0 +1,351 @@
+/* cpu_avx2.c: AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; chosen at run
+ * time only after CPUID + XGETBV say the machine runs them). Overrides every entry of the
+ * generic table. Loops never read past a row's head_size elements: the last d % 8 elements of
+ * a row are converted one by one. */
+#include "../cpu.h"
+
+#include <immintrin.h>
+
+/* ---- conversions -------------------------------------------------------------------------- */
+
+static inline __m256 cvt_bf16x8(const void *p)
+{
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+
+static inline __m256 cvt_f16x8(const void *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* E5M2 is the upper byte of an f16: exact, infinities and NaN included. */
+static inline __m256 cvt_e5m2x8(const void *p)
+{
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+}
+
+/* E4M3: the 7 magnitude bits placed at the top of an f32 mantissa read as 2^-127-biased value;
+ * times 2^120 rebias (subnormals come out right as f32 subnormals times 2^120); 0x7f is NaN. */
+static inline __m256 cvt_e4m3x8(const void *p)
+{
+    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
+                             _mm256_set1_ps(0x1p120f));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+    f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+    __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nan);
+}
+
+static void a2_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
+{
+    int dv = d & ~7;
+    for (int i = 0; i < n; i++) {
+        float *o = dst + (size_t)i * dp;
+        const char *src = rows[i];
+        int j = 0;
+        switch (dtype) {
+        case PA_DTYPE_F32:
+            for (; j < dv; j += 8) _mm256_store_ps(o + j, _mm256_loadu_ps((const float *)src + j));
+            break;
+        case PA_DTYPE_F16:
+            for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_f16x8(src + 2 * j));
+            break;
+        case PA_DTYPE_BF16:
+            for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_bf16x8(src + 2 * j));
+            break;
+        case PA_DTYPE_FP8_E4M3:
+            for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_e4m3x8(src + j));
+            break;
+        case PA_DTYPE_FP8_E5M2:
+            for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_e5m2x8(src + j));
+            break;
+        default: break;
+        }
+        for (; j < d; j++) o[j] = pa__load_f32(dtype, src, j);
+        for (; j < dp; j++) o[j] = 0.0f;
+    }
+}
+
+/* ---- reductions --------------------------------------------------------------------------- */
+
+/* [sum a0, sum a1, ..., sum a7] */
+static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                           __m256 a6, __m256 a7)
+{
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline float hsum1(__m256 a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- S = Q K^T ---------------------------------------------------------------------------- */
+
+static void a2_qk(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds)
+{
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *q0 = q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
+        int c = 0;
+        for (; c + 2 <= nc; c += 2) {
+            const float *k0 = k + (size_t)c * dp, *k1 = k0 + dp;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x0 = _mm256_load_ps(k0 + j), x1 = _mm256_load_ps(k1 + j);
+                __m256 y = _mm256_load_ps(q0 + j);
+                a00 = _mm256_fmadd_ps(y, x0, a00);
+                a01 = _mm256_fmadd_ps(y, x1, a01);
+                y = _mm256_load_ps(q1 + j);
+                a10 = _mm256_fmadd_ps(y, x0, a10);
+                a11 = _mm256_fmadd_ps(y, x1, a11);
+                y = _mm256_load_ps(q2 + j);
+                a20 = _mm256_fmadd_ps(y, x0, a20);
+                a21 = _mm256_fmadd_ps(y, x1, a21);
+                y = _mm256_load_ps(q3 + j);
+                a30 = _mm256_fmadd_ps(y, x0, a30);
+                a31 = _mm256_fmadd_ps(y, x1, a31);
+            }
+            float t[8];
+            _mm256_storeu_ps(t, hsum8(a00, a01, a10, a11, a20, a21, a30, a31));
+            for (int i = 0; i < 4; i++) {
+                s[(size_t)(r + i) * lds + c] = t[2 * i];
+                s[(size_t)(r + i) * lds + c + 1] = t[2 * i + 1];
+            }
+        }
+        for (; c < nc; c++) {
+            const float *k0 = k + (size_t)c * dp;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x = _mm256_load_ps(k0 + j);
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
+            }
+            s[(size_t)r * lds + c] = hsum1(a0);
+            s[(size_t)(r + 1) * lds + c] = hsum1(a1);
+            s[(size_t)(r + 2) * lds + c] = hsum1(a2);
+            s[(size_t)(r + 3) * lds + c] = hsum1(a3);
+        }
+    }
+    for (; r < nr; r++) {
+        const float *q0 = q + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        int c = 0;
+        for (; c + 8 <= nc; c += 8) {
+            const float *kc = k + (size_t)c * dp;
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int j = 0; j < dp; j += 8) {
+                __m256 y = _mm256_load_ps(q0 + j);
+                for (int i = 0; i < 8; i++)
+                    a[i] = _mm256_fmadd_ps(y, _mm256_load_ps(kc + (size_t)i * dp + j), a[i]);
+            }
+            _mm256_storeu_ps(sr + c, hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]));
+        }
+        for (; c < nc; c++) {
+            const float *kc = k + (size_t)c * dp;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int j = 0; j < dp; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), _mm256_load_ps(kc + j), a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j + 8), _mm256_load_ps(kc + j + 8), a1);
+            }
+            sr[c] = hsum1(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+/* ---- softmax pieces ----------------------------------------------------------------------- */
+
+static float a2_row_max(const float *s, int n)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float r = _mm_cvtss_f32(h);
+    for (; i < n; i++)
+        if (s[i] > r) r = s[i];
+    return r;
+}
+
+/* exp(x) for x <= ~88: Cody-Waite reduction by ln 2 and a degree-6 polynomial (Cephes expf's
+ * coefficients), ~1 ulp; inputs below -87.3 are clamped (the caller zeroes -inf lanes). */
+static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static float a2_exp_row(float *s, int n, float m)
+{
+    __m256 vm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY), acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(s + i);
+        __m256 e = exp8(_mm256_sub_ps(x, vm));
+        e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), e);
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum1(acc);
+    for (; i < n; i++) {
+        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+        s[i] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+/* ---- O = O * alpha + P V ------------------------------------------------------------------ */
+
+static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
+                  const float *alpha, const unsigned char *colmask, float *o)
+{
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
+        float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
+        __m256 al0 = _mm256_set1_ps(alpha[r]), al1 = _mm256_set1_ps(alpha[r + 1]);
+        __m256 al2 = _mm256_set1_ps(alpha[r + 2]), al3 = _mm256_set1_ps(alpha[r + 3]);
+        for (int j = 0; j < dp; j += 16) {
+            __m256 c00 = _mm256_mul_ps(_mm256_load_ps(o0 + j), al0);
+            __m256 c01 = _mm256_mul_ps(_mm256_load_ps(o0 + j + 8), al0);
+            __m256 c10 = _mm256_mul_ps(_mm256_load_ps(o1 + j), al1);
+            __m256 c11 = _mm256_mul_ps(_mm256_load_ps(o1 + j + 8), al1);
+            __m256 c20 = _mm256_mul_ps(_mm256_load_ps(o2 + j), al2);
+            __m256 c21 = _mm256_mul_ps(_mm256_load_ps(o2 + j + 8), al2);
+            __m256 c30 = _mm256_mul_ps(_mm256_load_ps(o3 + j), al3);
+            __m256 c31 = _mm256_mul_ps(_mm256_load_ps(o3 + j + 8), al3);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const float *vc = v + (size_t)c * dp + j;
+                __m256 x0 = _mm256_load_ps(vc), x1 = _mm256_load_ps(vc + 8);
+                __m256 w = _mm256_broadcast_ss(p0 + c);
+                c00 = _mm256_fmadd_ps(w, x0, c00);
+                c01 = _mm256_fmadd_ps(w, x1, c01);
+                w = _mm256_broadcast_ss(p1 + c);
+                c10 = _mm256_fmadd_ps(w, x0, c10);
+                c11 = _mm256_fmadd_ps(w, x1, c11);
+                w = _mm256_broadcast_ss(p2 + c);
+                c20 = _mm256_fmadd_ps(w, x0, c20);
+                c21 = _mm256_fmadd_ps(w, x1, c21);
+                w = _mm256_broadcast_ss(p3 + c);
+                c30 = _mm256_fmadd_ps(w, x0, c30);
+                c31 = _mm256_fmadd_ps(w, x1, c31);
+            }
+            _mm256_store_ps(o0 + j, c00);
+            _mm256_store_ps(o0 + j + 8, c01);
+            _mm256_store_ps(o1 + j, c10);
+            _mm256_store_ps(o1 + j + 8, c11);
+            _mm256_store_ps(o2 + j, c20);
+            _mm256_store_ps(o2 + j + 8, c21);
+            _mm256_store_ps(o3 + j, c30);
+            _mm256_store_ps(o3 + j + 8, c31);
+        }
+    }
+    for (; r < nr; r++) {
+        const float *pr = p + (size_t)r * ldp;
+        float *orow = o + (size_t)r * dp;
+        __m256 al = _mm256_set1_ps(alpha[r]);
+        int j = 0;
+        for (; j + 64 <= dp; j += 64) {
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_mul_ps(_mm256_load_ps(orow + j + 8 * i), al);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                __m256 w = _mm256_broadcast_ss(pr + c);
+                const float *vc = v + (size_t)c * dp + j;
+                for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(w, _mm256_load_ps(vc + 8 * i), a[i]);
+            }
+            for (int i = 0; i < 8; i++) _mm256_store_ps(orow + j + 8 * i, a[i]);
+        }
+        for (; j < dp; j += 16) {
+            __m256 a0 = _mm256_mul_ps(_mm256_load_ps(orow + j), al);
+            __m256 a1 = _mm256_mul_ps(_mm256_load_ps(orow + j + 8), al);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                __m256 w = _mm256_broadcast_ss(pr + c);
+                const float *vc = v + (size_t)c * dp + j;
+                a0 = _mm256_fmadd_ps(w, _mm256_load_ps(vc), a0);
+                a1 = _mm256_fmadd_ps(w, _mm256_load_ps(vc + 8), a1);
+            }
+            _mm256_store_ps(orow + j, a0);
+            _mm256_store_ps(orow + j + 8, a1);
+        }
+    }
+}
+
+/* ---- output ------------------------------------------------------------------------------- */
+
+static void a2_store_row(pa_dtype dtype, const float *src, int d, float mul, void *dst)
+{
+    __m256 vm = _mm256_set1_ps(mul);
+    int j = 0, dv = d & ~7;
+    switch (dtype) {
+    case PA_DTYPE_F32:
+        for (; j < dv; j += 8)
+            _mm256_storeu_ps((float *)dst + j, _mm256_mul_ps(_mm256_loadu_ps(src + j), vm));
+        break;
+    case PA_DTYPE_F16:
+        for (; j < dv; j += 8)
+            _mm_storeu_si128((__m128i *)((uint16_t *)dst + j),
+                             _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + j), vm),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        break;
+    case PA_DTYPE_BF16:
+        for (; j < dv; j += 8) {
+            __m256 x = _mm256_mul_ps(_mm256_loadu_ps(src + j), vm);
+            __m256i u = _mm256_castps_si256(x);
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            __m256i rnd = _mm256_srli_epi32(
+                _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+            __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+            __m256 isnan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+            __m256i b = _mm256_castps_si256(
+                _mm256_blendv_ps(_mm256_castsi256_ps(rnd), _mm256_castsi256_ps(qnan), isnan));
+            b = _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0xd8);
+            _mm_storeu_si128((__m128i *)((uint16_t *)dst + j), _mm256_castsi256_si128(b));
+        }
+        break;
+    default: break;
+    }
+    for (; j < d; j++) pa__store_f32(dtype, dst, j, src[j] * mul);
+}
+
+void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
+{
+    k->name = "avx2";
+    k->load_rows = a2_load_rows;
+    k->qk = a2_qk;
+    k->row_max = a2_row_max;
+    k->exp_row = a2_exp_row;
+    k->pv = a2_pv;
+    k->store_row = a2_store_row;
+}
