@@ -1,0 +1,251 @@
+"""Array plumbing: numpy arrays and (when torch is importable) torch CPU tensors, zero copy.
+
+A `View` holds what the C library needs of an array: the data pointer, the shape, the strides
+in elements and the library dtype, plus the original object (kept alive by the caller).
+"""
+
+import ctypes
+
+import numpy as np
+
+from . import _lib as L
+
+try:  # bfloat16 / fp8 numpy dtypes
+    import ml_dtypes as _mld
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency, but stay importable
+    _mld = None
+
+_torch = None
+_torch_checked = False
+
+
+def torch_module():
+    """torch if it is already imported or importable, else None (torch stays optional)."""
+    global _torch, _torch_checked
+    if not _torch_checked:
+        _torch_checked = True
+        try:
+            import torch  # noqa: F401
+            _torch = torch
+        except Exception:
+            _torch = None
+    return _torch
+
+
+def is_torch(x):
+    t = type(x)
+    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+
+
+# numpy dtype -> library dtype (uint8 means "fp8, interpretation given by kv_cache_dtype")
+_NP_FLOAT = {np.dtype(np.float32): L.PA_DTYPE_F32, np.dtype(np.float16): L.PA_DTYPE_F16}
+if _mld is not None:
+    _NP_FLOAT[np.dtype(_mld.bfloat16)] = L.PA_DTYPE_BF16
+    _NP_FP8 = {np.dtype(_mld.float8_e4m3fn): L.PA_DTYPE_FP8_E4M3,
+               np.dtype(_mld.float8_e5m2): L.PA_DTYPE_FP8_E5M2}
+else:  # pragma: no cover
+    _NP_FP8 = {}
+
+DTYPE_NAMES = {L.PA_DTYPE_F32: "float32", L.PA_DTYPE_F16: "float16", L.PA_DTYPE_BF16: "bfloat16",
+               L.PA_DTYPE_FP8_E4M3: "fp8_e4m3", L.PA_DTYPE_FP8_E5M2: "fp8_e5m2"}
+
+FP8_NAMES = {"fp8": L.PA_DTYPE_FP8_E4M3, "fp8_e4m3": L.PA_DTYPE_FP8_E4M3,
+             "fp8_e5m2": L.PA_DTYPE_FP8_E5M2}
+
+
+class View:
+    __slots__ = ("obj", "ptr", "shape", "strides", "kind", "itemsize", "torch")
+
+    def __init__(self, obj, ptr, shape, strides, kind, itemsize, is_t):
+        self.obj = obj
+        self.ptr = ptr            # int address of element (0, ..., 0)
+        self.shape = tuple(int(s) for s in shape)
+        self.strides = tuple(int(s) for s in strides)  # in elements
+        self.kind = kind          # library dtype, "uint8", or a string naming another dtype
+        self.itemsize = itemsize
+        self.torch = is_t
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def offset(self, elems):
+        return self.ptr + elems * self.itemsize
+
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def is_contiguous(self):
+        expect = 1
+        for dim, st in zip(reversed(self.shape), reversed(self.strides)):
+            if dim != 1 and st != expect:
+                return False
+            expect *= dim
+        return True
+
+    def dtype_name(self):
+        if isinstance(self.kind, int):
+            return DTYPE_NAMES[self.kind]
+        return str(self.kind)
+
+
+def _torch_kind(t):
+    torch = torch_module()
+    m = {torch.float32: L.PA_DTYPE_F32, torch.float16: L.PA_DTYPE_F16,
+         torch.bfloat16: L.PA_DTYPE_BF16, torch.uint8: "uint8"}
+    for name, code in (("float8_e4m3fn", L.PA_DTYPE_FP8_E4M3), ("float8_e5m2", L.PA_DTYPE_FP8_E5M2)):
+        dt = getattr(torch, name, None)
+        if dt is not None:
+            m[dt] = code
+    return m.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+
+def view(x, name):
+    """A View of array `x` (numpy array or torch CPU tensor); `name` is used in error messages."""
+    if x is None:
+        raise ValueError("%s must be an array, got None" % name)
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError("%s: only CPU tensors are supported, got device %s" % (name, x.device))
+        kind = _torch_kind(x)
+        return View(x, int(x.data_ptr()), x.shape, x.stride(), kind, x.element_size(), True)
+    if not isinstance(x, np.ndarray):
+        raise TypeError("%s must be a numpy array or a torch CPU tensor, got %s"
+                        % (name, type(x).__name__))
+    dt = x.dtype
+    if dt in _NP_FLOAT:
+        kind = _NP_FLOAT[dt]
+    elif dt in _NP_FP8:
+        kind = _NP_FP8[dt]
+    elif dt == np.uint8:
+        kind = "uint8"
+    else:
+        kind = str(dt)
+    item = dt.itemsize
+    for s in x.strides:
+        if s % item:
+            raise ValueError("%s: strides %s are not multiples of the element size %d"
+                             % (name, x.strides, item))
+    strides = tuple(s // item for s in x.strides)
+    ptr = x.ctypes.data if x.size else (x.__array_interface__["data"][0] or 0)
+    return View(x, ptr, x.shape, strides, kind, item, False)
+
+
+def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16)):
+    v = view(x, name)
+    if v.kind not in allowed:
+        raise ValueError("%s: dtype %s is not supported; expected one of %s"
+                         % (name, v.dtype_name() if isinstance(v.kind, int) else v.kind,
+                            ", ".join(DTYPE_NAMES[a] for a in allowed)))
+    return v
+
+
+def check_ndim(v, name, ndim, what):
+    if v.ndim != ndim:
+        raise ValueError("%s must be %d-D %s, got shape %s" % (name, ndim, what, v.shape))
+
+
+def check_rows(v, name):
+    """Rows of a [rows, heads, dim] tensor: heads and dims contiguous, rows at a uniform stride.
+    Returns the row stride in elements."""
+    _, h, d = v.shape
+    if d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d):
+        raise ValueError("%s: the head and head_size dims must be contiguous (strides %s for "
+                         "shape %s); pass a contiguous array" % (name, v.strides, v.shape))
+    return v.strides[0]
+
+
+def to_np(x, dtype, name, ndim=None):
+    """Small metadata arrays (lengths, tables, slots): a contiguous numpy copy of dtype."""
+    if x is None:
+        return None
+    if is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iub" and not (a.dtype.kind == "f" and np.issubdtype(dtype, np.floating)):
+        if a.size and a.dtype.kind == "f" and np.all(np.mod(a, 1) == 0):
+            pass
+        else:
+            raise ValueError("%s must hold integers, got dtype %s" % (name, a.dtype))
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError("%s must be %d-D, got shape %s" % (name, ndim, a.shape))
+    if np.issubdtype(dtype, np.integer) and a.size:
+        info = np.iinfo(dtype)
+        if a.min() < info.min or a.max() > info.max:
+            raise ValueError("%s: values out of range for %s" % (name, np.dtype(dtype).name))
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def floats(x, name, n=None):
+    """Per-head float parameters (ALiBi slopes, sinks) as a contiguous float32 numpy array."""
+    if x is None:
+        return None
+    if is_torch(x):
+        x = x.detach().float().cpu().numpy()
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float64).astype(np.float32).reshape(-1))
+    if n is not None and a.size != n:
+        raise ValueError("%s must hold %d values (one per query head), got %d" % (name, n, a.size))
+    return a
+
+
+def scalar(x, name):
+    """A float from a Python number, 0-d/1-element numpy array or torch tensor."""
+    if is_torch(x):
+        if x.numel() != 1:
+            raise ValueError("%s must be a scalar, got shape %s" % (name, tuple(x.shape)))
+        return float(x.reshape(-1)[0].item())
+    a = np.asarray(x)
+    if a.size != 1:
+        raise ValueError("%s must be a scalar, got shape %s" % (name, a.shape))
+    return float(a.reshape(-1)[0])
+
+
+def ptr(a, ctype):
+    """ctypes pointer to a contiguous numpy array (or NULL for None)."""
+    if a is None:
+        return None
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def empty_like_rows(ref, shape, kind):
+    """A new array of `shape` and library dtype `kind` in the same framework as `ref`."""
+    if ref.torch:
+        torch = torch_module()
+        tdt = {L.PA_DTYPE_F32: torch.float32, L.PA_DTYPE_F16: torch.float16,
+               L.PA_DTYPE_BF16: torch.bfloat16}[kind]
+        return torch.empty(shape, dtype=tdt)
+    return np.empty(shape, dtype=np_dtype(kind))
+
+
+def empty_f32(ref, shape, fill=None):
+    if ref.torch:
+        torch = torch_module()
+        t = torch.empty(shape, dtype=torch.float32)
+        if fill is not None:
+            t.fill_(fill)
+        return t
+    a = np.empty(shape, dtype=np.float32)
+    if fill is not None:
+        a.fill(fill)
+    return a
+
+
+def np_dtype(kind):
+    if kind == L.PA_DTYPE_F32:
+        return np.dtype(np.float32)
+    if kind == L.PA_DTYPE_F16:
+        return np.dtype(np.float16)
+    if kind == L.PA_DTYPE_BF16:
+        return np.dtype(_mld.bfloat16)
+    raise ValueError("no numpy dtype for %r" % (kind,))
+
+
+def fill_rows(v, row_start, nrows, value):
+    """Sets rows [row_start, row_start + nrows) of a [rows, ...] View to value."""
+    obj = v.obj
+    if nrows <= 0:
+        return
+    obj[row_start:row_start + nrows] = value

@@ -1,0 +1,301 @@
+"""The attention engine behind the FlashAttention-style calls.
+
+Every call is reduced to sequences, each with a run of query rows (q_start, q_len) and a key
+source of k_len keys (a block table into a paged cache view; packed K/V are a cache view with
+block_size 1 whose block table is the token indices, so nothing is copied). How the FlashAttention
+semantics map onto the library's attention types:
+
+* causal=True -> decoder layer. FlashAttention aligns the causal mask bottom-right: query row t of
+  a sequence with q_len queries and k_len keys sits at position p = k_len - q_len + t, which is
+  the decoder's p = context_len + t with context_len = k_len - q_len. Rows with p < 0 (q_len >
+  k_len) see no key: out = 0, lse = -inf, and the library runs only the rows after them. The
+  cache is only read (k = v = NULL, explicit slot mapping of -1), so block tables may repeat
+  blocks. A window (left, right) is the decoder's window (right is moot under causality).
+* causal=False, no window, no ALiBi -> encoder_decoder (cross) layer: every query row sees all
+  k_len keys of its sequence, read from the cache view through the cross block table.
+* causal=False with a window or ALiBi -> encoder_only layer, whose window and symmetric ALiBi use
+  p = t over the step's own rows. When q and k are the same packed rows (cu_seqlens_q ==
+  cu_seqlens_k) this is direct. Otherwise (q_len != k_len, or a paged cache) each sequence's keys
+  are gathered into packed rows and its queries are placed at rows k_len - q_len + t of a padded
+  query block (so p matches the bottom-right alignment exactly); this copies. q_len > k_len is
+  not supported in this mode (NotImplementedError).
+
+Sequences are grouped into as few library calls as possible; a group breaks where rows are
+skipped or where a per-sequence parameter (ALiBi slopes of shape [batch, num_heads]) changes.
+"""
+
+import math
+
+import numpy as np
+
+from . import _arrays as A
+from . import _core as C
+from . import _lib as L
+
+
+class Source:
+    """Where keys come from: a pa_cache view plus, per sequence, a block table and k_len."""
+
+    def __init__(self, cache, kview, vview, block_size, num_blocks, packed=False, cu_k=None):
+        self.cache = cache
+        self.kview = kview
+        self.vview = vview
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.packed = packed
+        self.cu_k = cu_k
+
+
+def packed_source(k, v, cu_k, cache_dtype):
+    """A cache view with block_size 1 over packed [total_k, num_kv_heads, head_size] k and v."""
+    total, hk, d = k.shape
+    if v.shape != k.shape:
+        raise ValueError("k shape %s and v shape %s differ" % (k.shape, v.shape))
+    krs = A.check_rows(k, "k")
+    vrs = A.check_rows(v, "v")
+    if total > 1 and krs != vrs:
+        raise ValueError("k and v must have the same row stride (got %d and %d elements)"
+                         % (krs, vrs))
+    if total < 1:
+        raise ValueError("k is empty (total_k = 0)")
+    c = L.pa_cache()
+    c.key, c.value = k.ptr, v.ptr
+    c.dtype = cache_dtype
+    c.memory = L.PA_MEMORY_HOST
+    c.num_blocks, c.block_size, c.num_kv_heads, c.head_size = total, 1, hk, d
+    c.block_stride = krs if total > 1 else hk * d
+    c.token_stride = hk * d
+    c.head_stride = d
+    return Source(c, k, v, 1, total, packed=True, cu_k=cu_k)
+
+
+def _dequant(a, kind, scale):
+    """float32 numpy copy of cache rows `a` (uint8 bytes for fp8)."""
+    if kind == L.PA_DTYPE_FP8_E4M3:
+        return a.view(A._mld.float8_e4m3fn).astype(np.float32) * np.float32(scale)
+    if kind == L.PA_DTYPE_FP8_E5M2:
+        return a.view(A._mld.float8_e5m2).astype(np.float32) * np.float32(scale)
+    return a
+
+
+def as_numpy(v):
+    """numpy array sharing memory with View v (torch bf16 / fp8 tensors reinterpreted)."""
+    obj = v.obj
+    if not v.torch:
+        return obj
+    torch = A.torch_module()
+    if obj.dtype == torch.bfloat16:
+        return obj.view(torch.int16).numpy().view(A._mld.bfloat16)
+    if obj.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        return obj.view(torch.uint8).numpy()
+    return obj.numpy()
+
+
+def _gather_keys(src, table, k_len, kstart):
+    """numpy copies [k_len, Hkv, D] of one sequence's keys and values."""
+    K = as_numpy(src.kview)
+    V = as_numpy(src.vview)
+    if src.packed:
+        return K[kstart:kstart + k_len], V[kstart:kstart + k_len]
+    j = np.arange(k_len)
+    blocks = np.asarray(table, dtype=np.int64)[j // src.block_size]
+    return K[blocks, j % src.block_size], V[blocks, j % src.block_size]
+
+
+def _np_kind(a):
+    return a.dtype
+
+
+def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks, cache_dtype,
+        k_scale, v_scale, backend, new_kv=None, same_rows_kv=None):
+    """Runs attention.
+
+    q, out: Views [rows, H, D]. lse: None or (View-or-array obj, base_ptr, token_stride,
+    head_stride, fill(row_start, nrows)). seqs: list of dicts q_start, q_len, k_len, table,
+    k_start (packed). alibi: None, float32 [H] or [B, H]. new_kv: None or (k View, v View,
+    slot_mapping int64 [rows]) to be written by the forward call itself (decoder, one group).
+    same_rows_kv: (k View, v View) when keys are exactly the query rows (packed self-attention).
+    """
+    rows, H, D = q.shape
+    Hkv = src.cache.num_kv_heads if src is not None else same_rows_kv[0].shape[1]
+    q_rs = A.check_rows(q, "q")
+    out_rs = A.check_rows(out, "out")
+    per_seq_alibi = alibi is not None and alibi.ndim == 2
+    wl, wr = window
+    if causal:
+        wr = -1 if wr < 0 else wr
+    kv_dtype = q.kind
+    if new_kv is not None:
+        kv_dtype = new_kv[0].kind
+    elif isinstance(cache_dtype, int) and cache_dtype in (L.PA_DTYPE_F32, L.PA_DTYPE_F16,
+                                                          L.PA_DTYPE_BF16):
+        kv_dtype = cache_dtype
+    fp8 = cache_dtype in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
+    ks, vs = (k_scale, v_scale) if fp8 else (1.0, 1.0)
+    if not fp8 and (k_scale != 1.0 or v_scale != 1.0):
+        # vLLM ignores the scales of a non-fp8 cache; so do we.
+        ks = vs = 1.0
+
+    def layer_for(attn_type, seq_index, w=(wl, wr), kvd=kv_dtype, cd=cache_dtype):
+        a = None
+        if alibi is not None:
+            a = alibi[seq_index] if per_seq_alibi else alibi
+            a = np.ascontiguousarray(a, dtype=np.float32)
+        return C.get_layer(num_heads=H, num_kv_heads=Hkv, head_size=D, scale=scale,
+                           attn_type=attn_type, window=w, alibi_slopes=a,
+                           logits_soft_cap=softcap, sinks=sinks, q_dtype=q.kind, kv_dtype=kvd,
+                           out_dtype=out.kind, cache_dtype=cd, k_scale=ks, v_scale=vs)
+
+    def empty_rows(start, n):
+        if n > 0:
+            A.fill_rows(out, start, n, 0)
+            if lse is not None:
+                lse[4](start, n)
+
+    noncausal_rel = (not causal) and (wl >= 0 or wr >= 0 or alibi is not None)
+    if noncausal_rel and same_rows_kv is None:
+        return _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs)
+
+    if causal:
+        attn_type = L.PA_ATTN_DECODER
+    elif noncausal_rel:
+        attn_type = L.PA_ATTN_ENCODER_ONLY
+    else:
+        attn_type = L.PA_ATTN_ENCODER_DECODER
+
+    # ---- plan the groups ----
+    groups = []
+    cur = None
+    prev_end = None
+    for i, s in enumerate(seqs):
+        ql, kl = s["q_len"], s["k_len"]
+        if attn_type == L.PA_ATTN_DECODER:
+            skip = max(0, ql - kl)
+        elif kl == 0:
+            skip = ql
+        else:
+            skip = 0
+        eff = ql - skip
+        empty_rows(s["q_start"], skip)
+        if eff == 0:
+            cur = None
+            continue
+        start = s["q_start"] + skip
+        if cur is None or start != prev_end or per_seq_alibi:
+            cur = {"first_row": start, "seqs": [], "alibi_index": i}
+            groups.append(cur)
+        cur["seqs"].append((s, skip, eff))
+        prev_end = start + eff
+
+    if new_kv is not None and len(groups) != 1:
+        raise AssertionError("internal: writing forward with several groups")
+
+    # build every group's layer, batch and context before running any (validation first)
+    prepared = []
+    for g in groups:
+        layer = layer_for(attn_type, g["alibi_index"])
+        ctx = layer.context(backend)
+        pseqs = []
+        n_rows = 0
+        n_enc = 0
+        # decodes (one query row, with a context) may only follow prefills: mark the tail
+        entries = g["seqs"]
+        last_prefill = -1
+        for j, (s, skip, eff) in enumerate(entries):
+            if eff > 1:
+                last_prefill = j
+        for j, (s, skip, eff) in enumerate(entries):
+            kl = s["k_len"]
+            if attn_type == L.PA_ATTN_DECODER:
+                e = {"context_len": kl - eff, "query_len": eff, "is_prefill": j <= last_prefill,
+                     "block_table": s["table"]}
+            elif attn_type == L.PA_ATTN_ENCODER_DECODER:
+                e = {"context_len": 0, "query_len": eff, "is_prefill": j <= last_prefill,
+                     "encoder_len": kl, "cross_block_table": s["table"]}
+                n_enc += kl
+            else:
+                e = {"context_len": 0, "query_len": eff, "is_prefill": True}
+            pseqs.append(e)
+            n_rows += eff
+        if new_kv is not None:
+            slots = new_kv[2]
+        else:
+            slots = np.full(n_rows, -1, dtype=np.int64)
+        cross_slots = np.full(n_enc, -1, dtype=np.int64) if n_enc else None
+        if src is not None:
+            batch = C.Batch(src.block_size, src.num_blocks, pseqs,
+                            num_cross_blocks=src.num_blocks
+                            if attn_type == L.PA_ATTN_ENCODER_DECODER else 0,
+                            slot_mapping=slots, cross_slot_mapping=cross_slots)
+        else:
+            batch = C.Batch(1, 1, pseqs, slot_mapping=slots)
+        prepared.append((g, layer, ctx, batch))
+
+    for g, layer, ctx, batch in prepared:
+        r0 = g["first_row"]
+        kp = vp = None
+        krs = vrs = 0
+        cache = src.cache if src is not None else None
+        if new_kv is not None:
+            kp, vp = new_kv[0].ptr, new_kv[1].ptr
+            krs, vrs = A.check_rows(new_kv[0], "k"), A.check_rows(new_kv[1], "v")
+        if attn_type == L.PA_ATTN_ENCODER_ONLY:
+            kv, vv = same_rows_kv
+            krs, vrs = A.check_rows(kv, "k"), A.check_rows(vv, "v")
+            kp, vp = kv.offset(r0 * krs), vv.offset(r0 * vrs)
+            cache = None
+        lp, lts, lhs = 0, 0, 0
+        if lse is not None:
+            lp = lse[1] + 4 * r0 * lse[2]
+            lts, lhs = lse[2], lse[3]
+        C.forward(ctx, layer, batch, q.offset(r0 * q_rs), q_rs, kp, krs, vp, vrs, cache,
+                  out.offset(r0 * out_rs), out_rs, lp, lts, lhs)
+
+
+def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs):
+    """Non-causal attention with a window or ALiBi over keys that are not the query rows:
+    gather each sequence's keys, pad its queries to k_len rows, run encoder_only."""
+    rows, H, D = q.shape
+    Qn = as_numpy(q)
+    On = as_numpy(out)
+    for i, s in enumerate(seqs):
+        ql, kl = s["q_len"], s["k_len"]
+        if ql == 0:
+            continue
+        if kl == 0:
+            empty_rows(s["q_start"], ql)
+            continue
+        if ql > kl:
+            raise NotImplementedError(
+                "non-causal attention with a window or ALiBi where seqlen_q (%d) > seqlen_k (%d) "
+                "is not supported" % (ql, kl))
+    # sequences are processed one at a time (the padded copies are per sequence)
+    for i, s in enumerate(seqs):
+        ql, kl = s["q_len"], s["k_len"]
+        if ql == 0 or kl == 0:
+            continue
+        Kc, Vc = _gather_keys(src, s.get("table"), kl, s.get("k_start", 0))
+        kind = src.cache.dtype
+        if kind in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2):
+            Kc = _dequant(np.ascontiguousarray(Kc), kind, ks)
+            Vc = _dequant(np.ascontiguousarray(Vc), kind, vs)
+            kvd = L.PA_DTYPE_F32
+        else:
+            kvd = kind
+        Kc = np.ascontiguousarray(Kc)
+        Vc = np.ascontiguousarray(Vc)
+        Qp = np.zeros((kl, H, D), dtype=Qn.dtype)
+        Qp[kl - ql:] = Qn[s["q_start"]:s["q_start"] + ql]
+        Op = np.empty((kl, H, D), dtype=On.dtype)
+        Lp = np.empty((kl, H), dtype=np.float32) if lse is not None else None
+        layer = layer_for(L.PA_ATTN_ENCODER_ONLY, i, kvd=kvd, cd=kvd)
+        ctx = layer.context(backend)
+        batch = C.Batch(1, 1, [{"context_len": 0, "query_len": kl, "is_prefill": True}],
+                        slot_mapping=np.full(kl, -1, dtype=np.int64))
+        qv, kv, vv, ov = (A.view(x, n) for x, n in ((Qp, "q"), (Kc, "k"), (Vc, "v"), (Op, "out")))
+        C.forward(ctx, layer, batch, qv.ptr, H * D, kv.ptr, kv.shape[1] * D, vv.ptr,
+                  vv.shape[1] * D, None, ov.ptr, H * D,
+                  Lp.ctypes.data if Lp is not None else 0, H, 1)
+        On[s["q_start"]:s["q_start"] + ql] = Op[kl - ql:]
+        if lse is not None:
+            lse[5](s["q_start"], ql, Lp[kl - ql:])

@@ -1,0 +1,260 @@
+"""Thin object wrappers over the C handles: layers, batches, cache views, forward."""
+
+import ctypes
+import threading
+from collections import OrderedDict
+from ctypes import byref, c_float, c_int32, c_int64
+
+import numpy as np
+
+from . import _arrays as A
+from . import _lib as L
+
+lib = L.lib
+
+
+# ---- layers -------------------------------------------------------------------------------------
+
+class Layer:
+    """An immutable pa_layer (validated by the library at creation)."""
+
+    def __init__(self, num_heads, num_kv_heads, head_size, scale=None, attn_type=L.PA_ATTN_DECODER,
+                 window=(-1, -1), sliding_window=0, alibi_slopes=None, logits_soft_cap=0.0,
+                 sinks=None, blocksparse=None, q_dtype=L.PA_DTYPE_F32, kv_dtype=L.PA_DTYPE_F32,
+                 out_dtype=L.PA_DTYPE_F32, cache_dtype=L.PA_DTYPE_F32, k_scale=1.0, v_scale=1.0):
+        cfg = L.pa_layer_config()
+        lib.pa_layer_config_init(byref(cfg), int(num_heads), int(num_kv_heads), int(head_size))
+        if scale is not None:
+            cfg.scale = float(scale)
+        cfg.attn_type = int(attn_type)
+        cfg.window_left, cfg.window_right = int(window[0]), int(window[1])
+        cfg.sliding_window = int(sliding_window or 0)
+        self._alibi = alibi_slopes
+        self._sinks = sinks
+        if alibi_slopes is not None:
+            cfg.alibi_slopes = A.ptr(alibi_slopes, c_float)
+        cfg.logits_soft_cap = float(logits_soft_cap or 0.0)
+        if sinks is not None:
+            cfg.sinks = A.ptr(sinks, c_float)
+        if blocksparse is not None:
+            bs = cfg.blocksparse
+            (bs.block_size, bs.local_blocks, bs.vert_stride, bs.homo_head, bs.head_sliding_step,
+             bs.tp_rank) = [int(x) for x in blocksparse]
+        cfg.q_dtype, cfg.kv_dtype, cfg.out_dtype, cfg.cache_dtype = (
+            int(q_dtype), int(kv_dtype), int(out_dtype), int(cache_dtype))
+        cfg.k_scale, cfg.v_scale = float(k_scale), float(v_scale)
+        self.cfg = cfg
+        h = L.pa_layer_p()
+        L.check(lib.pa_layer_create(byref(cfg), byref(h)), "pa_layer_create")
+        self.handle = h
+        self.num_heads, self.num_kv_heads, self.head_size = num_heads, num_kv_heads, head_size
+        self._backend_cache = {}
+
+    def __del__(self):
+        h = getattr(self, "handle", None)
+        if h:
+            lib.pa_layer_destroy(h)
+            self.handle = None
+
+    def context(self, backend=None):
+        """The context of the backend chosen for this layer (`backend` name or automatic)."""
+        key = backend or ""
+        name = self._backend_cache.get(key)
+        if name is None:
+            out = L.pa_backend_p()
+            L.check(lib.pa_backend_select(backend.encode() if backend else None, self.handle,
+                                          byref(out)),
+                    "backend selection" + (" (%r)" % backend if backend else ""))
+            name = lib.pa_backend_name(out).decode()
+            self._backend_cache[key] = name
+        return L.get_context(name)
+
+
+_layer_cache = OrderedDict()
+_layer_lock = threading.Lock()
+
+
+def get_layer(**kw):
+    """A cached Layer for these parameters (layers are immutable, so they can be shared)."""
+    key = []
+    for k in sorted(kw):
+        v = kw[k]
+        if isinstance(v, np.ndarray):
+            v = (v.dtype.str, v.shape, v.tobytes())
+        elif isinstance(v, list):
+            v = tuple(v)
+        key.append((k, v))
+    key = tuple(key)
+    with _layer_lock:
+        layer = _layer_cache.get(key)
+        if layer is not None:
+            _layer_cache.move_to_end(key)
+            return layer
+    layer = Layer(**kw)
+    with _layer_lock:
+        _layer_cache[key] = layer
+        while len(_layer_cache) > 256:
+            _layer_cache.popitem(last=False)
+    return layer
+
+
+# ---- batches ------------------------------------------------------------------------------------
+
+class Batch:
+    """A validated pa_batch. `seqs` is a list of dicts with context_len, query_len, is_prefill,
+    block_table (int32 array or None), encoder_len, cross_block_table."""
+
+    def __init__(self, block_size, num_blocks, seqs, num_cross_blocks=0, slot_mapping=None,
+                 cross_slot_mapping=None):
+        n = len(seqs)
+        arr = (L.pa_seq * max(n, 1))()
+        keep = []
+        for i, s in enumerate(seqs):
+            e = arr[i]
+            e.context_len = int(s.get("context_len", 0))
+            e.query_len = int(s["query_len"])
+            e.is_prefill = 1 if s.get("is_prefill", True) else 0
+            t = s.get("block_table")
+            if t is not None and len(t):
+                t = np.ascontiguousarray(t, dtype=np.int32)
+                keep.append(t)
+                e.block_table = A.ptr(t, c_int32)
+                e.num_blocks = t.size
+            e.encoder_len = int(s.get("encoder_len", 0))
+            ct = s.get("cross_block_table")
+            if ct is not None and len(ct):
+                ct = np.ascontiguousarray(ct, dtype=np.int32)
+                keep.append(ct)
+                e.cross_block_table = A.ptr(ct, c_int32)
+                e.num_cross_blocks = ct.size
+        cfg = L.pa_batch_config()
+        cfg.block_size = int(block_size)
+        cfg.num_blocks = int(num_blocks)
+        cfg.num_cross_blocks = int(num_cross_blocks)
+        if slot_mapping is not None:
+            slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
+            cfg.slot_mapping = A.ptr(slot_mapping, c_int64)
+        if cross_slot_mapping is not None:
+            cross_slot_mapping = np.ascontiguousarray(cross_slot_mapping, dtype=np.int64)
+            cfg.cross_slot_mapping = A.ptr(cross_slot_mapping, c_int64)
+        h = L.pa_batch_p()
+        L.check(lib.pa_batch_create(byref(cfg), arr, n, byref(h)), "pa_batch_create")
+        self.handle = h
+        self.num_tokens = sum(int(s["query_len"]) for s in seqs)
+        self._plans = {}
+
+    def metadata(self):
+        return lib.pa_batch_get_metadata(self.handle).contents
+
+    def plan(self, ctx, layer):
+        """A plan for (context, layer geometry), made once and reused."""
+        c = layer.cfg
+        key = (ctx.name, id(ctx), c.num_heads, c.num_kv_heads, c.head_size, c.attn_type, id(layer))
+        p = self._plans.get(key)
+        if p is None:
+            h = L.pa_plan_p()
+            with ctx.lock:
+                L.check(lib.pa_plan_create(ctx.handle, layer.handle, self.handle, byref(h)),
+                        "pa_plan_create")
+            p = _Plan(h, layer)
+            self._plans[key] = p
+        return p
+
+    def __del__(self):
+        plans = getattr(self, "_plans", None)
+        if plans:
+            for p in plans.values():
+                p.close()
+            plans.clear()
+        h = getattr(self, "handle", None)
+        if h:
+            lib.pa_batch_destroy(h)
+            self.handle = None
+
+
+class _Plan:
+    def __init__(self, handle, layer):
+        self.handle = handle
+        self.layer = layer  # keeps the layer alive as long as the plan
+
+    def close(self):
+        if self.handle:
+            lib.pa_plan_destroy(self.handle)
+            self.handle = None
+
+
+# ---- caches -------------------------------------------------------------------------------------
+
+def cache_dtype_of(v, kv_cache_dtype, name):
+    """Library dtype of a cache View given vLLM's kv_cache_dtype string."""
+    kcd = (kv_cache_dtype or "auto").lower()
+    if kcd == "auto":
+        if v.kind == "uint8":
+            raise ValueError("%s is uint8 but kv_cache_dtype is 'auto': pass kv_cache_dtype='fp8', "
+                             "'fp8_e4m3' or 'fp8_e5m2' for an fp8 cache" % name)
+        if not isinstance(v.kind, int):
+            raise ValueError("%s: dtype %s is not a supported cache dtype (float32, float16, "
+                             "bfloat16, or uint8 with an fp8 kv_cache_dtype)" % (name, v.kind))
+        return v.kind
+    if kcd not in A.FP8_NAMES:
+        raise ValueError("kv_cache_dtype %r is not one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'"
+                         % kv_cache_dtype)
+    want = A.FP8_NAMES[kcd]
+    if v.kind == "uint8" or v.kind == want:
+        return want
+    raise ValueError("%s: kv_cache_dtype %r needs a uint8 cache, got dtype %s"
+                     % (name, kv_cache_dtype, v.dtype_name()))
+
+
+def paged_cache(kv, vv, dtype, kname="key_cache", vname="value_cache"):
+    """pa_cache for [num_blocks, block_size, num_kv_heads, head_size] pools (any strides with the
+    head_size dim contiguous; key and value must share their strides)."""
+    for v, n in ((kv, kname), (vv, vname)):
+        if v.ndim != 4:
+            raise ValueError("%s must be 4-D [num_blocks, block_size, num_kv_heads, head_size], "
+                             "got shape %s" % (n, v.shape))
+    if kv.shape != vv.shape:
+        raise ValueError("%s shape %s and %s shape %s differ" % (kname, kv.shape, vname, vv.shape))
+    if kv.kind != vv.kind:
+        raise ValueError("%s dtype %s and %s dtype %s differ"
+                         % (kname, kv.dtype_name(), vname, vv.dtype_name()))
+    nb, bs, h, d = kv.shape
+    ks, vs = list(kv.strides), list(vv.strides)
+    for i, dim in enumerate(kv.shape):  # strides of size-1 dims are arbitrary: normalize
+        if dim == 1:
+            ks[i] = vs[i] = 0 if i < 3 else 1
+    if d > 1 and (ks[3] != 1 or vs[3] != 1):
+        raise ValueError("%s/%s: the head_size dim must be contiguous (strides %s, %s)"
+                         % (kname, vname, kv.strides, vv.strides))
+    if ks[:3] != vs[:3]:
+        raise ValueError("%s strides %s and %s strides %s differ; the library describes both "
+                         "pools with one set of strides" % (kname, kv.strides, vname, vv.strides))
+    if nb < 1 or bs < 1:
+        raise ValueError("%s: empty cache of shape %s" % (kname, kv.shape))
+    c = L.pa_cache()
+    c.key, c.value = kv.ptr, vv.ptr
+    c.dtype = dtype
+    c.memory = L.PA_MEMORY_HOST
+    c.num_blocks, c.block_size, c.num_kv_heads, c.head_size = nb, bs, h, d
+    c.block_stride = ks[0] if nb > 1 else bs * h * d
+    c.token_stride = ks[1] if bs > 1 else h * d
+    c.head_stride = ks[2] if h > 1 else d
+    return c
+
+
+def forward(ctx, layer, batch, q_ptr, q_rs, k_ptr, k_rs, v_ptr, v_rs, cache, out_ptr, out_rs,
+            lse_ptr=None, lse_ts=0, lse_hs=0, plan=None):
+    args = L.pa_forward_args()
+    args.q, args.q_row_stride = q_ptr, q_rs
+    args.k, args.k_row_stride = k_ptr, k_rs
+    args.v, args.v_row_stride = v_ptr, v_rs
+    if cache is not None:
+        args.cache = ctypes.pointer(cache)
+    args.out, args.out_row_stride = out_ptr, out_rs
+    if lse_ptr:
+        args.lse = ctypes.cast(ctypes.c_void_p(lse_ptr), ctypes.POINTER(c_float))
+        args.lse_token_stride, args.lse_head_stride = lse_ts, lse_hs
+    with ctx.lock:
+        L.check(lib.pa_attn_forward(ctx.handle, layer.handle, batch.handle,
+                                    plan.handle if plan is not None else None, byref(args)),
+                "pa_attn_forward")

@@ -1,0 +1,669 @@
+"""vLLM's attention-backend layer (AttentionBackend / AttentionMetadata / AttentionImpl) over
+pagedattn.
+
+    backend = get_attn_backend()            # or get_attn_backend("reference")
+    shape = backend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    kv_cache = np.zeros(shape, np.float16)  # [2, num_blocks, block_size, num_kv_heads, head_size]
+    md = backend.make_metadata_builder(block_size).build(
+        seq_lens=[7, 5], query_lens=[7, 1], block_tables=[[0], [1]])
+    impl = backend.get_impl_cls()(num_heads, head_size, scale, num_kv_heads)
+    out = impl.forward(query, key, value, kv_cache, md)   # [num_tokens, num_heads * head_size]
+"""
+
+import ctypes
+import math
+import threading
+
+import numpy as np
+
+from . import _arrays as A
+from . import _attn
+from . import _core as C
+from . import _lib as L
+from . import ops
+
+__all__ = ["available_backends", "get_attn_backend", "set_num_threads", "get_num_threads",
+           "AttentionType", "PagedAttnBackend", "PagedAttnMetadata", "PagedAttnMetadataBuilder",
+           "PagedAttnImpl"]
+
+
+def available_backends():
+    """Names of the library backends that can run on this machine, fastest first
+    (e.g. ``["cpu", "reference"]``)."""
+    return [n for n in L.backend_names() if L.backend_available(n)[0]]
+
+
+def _threads_context():
+    names = available_backends()
+    name = "cpu" if "cpu" in names else (names[0] if names else "reference")
+    return L.get_context(name)
+
+
+def set_num_threads(n):
+    """Sets the number of worker threads of the ``cpu`` backend's context (0 = one per online
+    core). Other backends have no pool and ignore it."""
+    n = int(n)
+    if n < 0:
+        raise ValueError("num_threads must be >= 0, got %d" % n)
+    ctx = _threads_context()
+    with ctx.lock:
+        L.check(L.lib.pa_context_set_num_threads(ctx.handle, n), "set_num_threads")
+
+
+def get_num_threads():
+    """The number of worker threads of the ``cpu`` backend's context."""
+    ctx = _threads_context()
+    with ctx.lock:
+        return int(L.lib.pa_context_num_threads(ctx.handle))
+
+
+class AttentionType:
+    """vLLM's attention types (string values, as in vLLM >= 0.7)."""
+    DECODER = "decoder"
+    ENCODER = "encoder"
+    ENCODER_ONLY = "encoder_only"
+    ENCODER_DECODER = "encoder_decoder"
+
+
+def _attn_type_code(t):
+    if isinstance(t, str):
+        key = t.lower()
+    else:
+        key = getattr(t, "name", str(t)).lower()
+        key = key.split(".")[-1]
+    if key not in L.ATTN_TYPES:
+        raise ValueError("attn_type %r is not one of %s" % (t, ", ".join(L.ATTN_TYPES)))
+    return L.ATTN_TYPES[key]
+
+
+# ---- metadata -----------------------------------------------------------------------------------
+
+class PagedAttnMetadata:
+    """vLLM-style attention metadata for one engine step, backed by a validated pa_batch.
+
+    Fields (vLLM's names): ``num_prefills``, ``num_prefill_tokens``, ``num_decode_tokens``,
+    ``slot_mapping``, ``seq_lens``, ``seq_lens_tensor``, ``context_lens_tensor``, ``query_lens``,
+    ``query_start_loc``, ``seq_start_loc``, ``block_tables``, ``max_query_len``,
+    ``max_prefill_seq_len``, ``max_decode_seq_len``, ``max_decode_query_len``, ``block_size``;
+    encoder-decoder: ``encoder_seq_lens``, ``encoder_seq_lens_tensor``, ``max_encoder_seq_len``,
+    ``num_encoder_tokens``, ``cross_slot_mapping``, ``cross_block_tables``.
+    The library batch is created on first use, when the pool size (from the kv_cache) is known.
+    """
+
+    def __init__(self, block_size, seqs, slot_mapping=None, cross_slot_mapping=None,
+                 num_blocks=None):
+        self.block_size = int(block_size)
+        self._seqs = seqs
+        self._slot_mapping = slot_mapping
+        self._cross_slot_mapping = cross_slot_mapping
+        self._num_blocks = num_blocks
+        self._batches = {}
+        self._lock = threading.Lock()
+        ctx = np.array([s["context_len"] for s in seqs], dtype=np.int32)
+        ql = np.array([s["query_len"] for s in seqs], dtype=np.int32)
+        sl = ctx + ql
+        enc = np.array([s.get("encoder_len", 0) for s in seqs], dtype=np.int32)
+        pre = np.array([bool(s["is_prefill"]) for s in seqs])
+        self.num_seqs = len(seqs)
+        self.num_prefills = int(pre.sum())
+        self.num_prefill_tokens = int(ql[pre].sum())
+        self.num_decode_tokens = int(ql[~pre].sum())
+        self.num_tokens = int(ql.sum())
+        self.seq_lens = sl.tolist()
+        self.seq_lens_tensor = sl
+        self.context_lens_tensor = ctx
+        self.query_lens = ql.tolist()
+        self.query_start_loc = np.concatenate([[0], np.cumsum(ql)]).astype(np.int32)
+        self.seq_start_loc = np.concatenate([[0], np.cumsum(sl)]).astype(np.int32)
+        self.max_query_len = int(ql.max()) if len(ql) else 0
+        self.max_prefill_seq_len = int(sl[pre].max()) if pre.any() else 0
+        self.max_decode_seq_len = int(sl[~pre].max()) if (~pre).any() else 0
+        self.max_decode_query_len = int(ql[~pre].max()) if (~pre).any() else 0
+        width = max([len(s["block_table"]) if s.get("block_table") is not None else 0
+                     for s in seqs] + [0])
+        bt = np.zeros((len(seqs), width), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            t = s.get("block_table")
+            if t is not None and len(t):
+                bt[i, :len(t)] = t
+        self.block_tables = bt
+        if slot_mapping is not None:
+            self.slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
+        else:
+            self.slot_mapping = _derive_slots(seqs, self.block_size, "block_table", "context_len",
+                                              "query_len")
+        self.encoder_seq_lens = enc.tolist() if enc.any() else None
+        self.encoder_seq_lens_tensor = enc if enc.any() else None
+        self.max_encoder_seq_len = int(enc.max()) if enc.any() else 0
+        self.num_encoder_tokens = int(enc.sum())
+        cw = max([len(s["cross_block_table"]) if s.get("cross_block_table") is not None else 0
+                  for s in seqs] + [0])
+        if cw:
+            cbt = np.zeros((len(seqs), cw), dtype=np.int32)
+            for i, s in enumerate(seqs):
+                t = s.get("cross_block_table")
+                if t is not None and len(t):
+                    cbt[i, :len(t)] = t
+            self.cross_block_tables = cbt
+        else:
+            self.cross_block_tables = None
+        if cross_slot_mapping is not None:
+            self.cross_slot_mapping = np.asarray(cross_slot_mapping, dtype=np.int64)
+        elif self.num_encoder_tokens and cw:
+            self.cross_slot_mapping = _derive_slots(seqs, self.block_size, "cross_block_table",
+                                                    None, "encoder_len")
+        else:
+            self.cross_slot_mapping = None
+
+    @property
+    def prefill_metadata(self):
+        """A metadata of the prefill sequences only (None if there are none)."""
+        if self.num_prefills == 0:
+            return None
+        if self.num_prefills == self.num_seqs:
+            return self
+        return self._subset(0, self.num_prefills)
+
+    @property
+    def decode_metadata(self):
+        """A metadata of the decode sequences only (None if there are none)."""
+        if self.num_prefills == self.num_seqs:
+            return None
+        if self.num_prefills == 0:
+            return self
+        return self._subset(self.num_prefills, self.num_seqs)
+
+    def _subset(self, a, b):
+        t0, t1 = int(self.query_start_loc[a]), int(self.query_start_loc[b])
+        sm = self.slot_mapping[t0:t1] if self._slot_mapping is not None else None
+        csm = None
+        if self._cross_slot_mapping is not None:
+            e = np.concatenate([[0], np.cumsum([s.get("encoder_len", 0) for s in self._seqs])])
+            csm = self._cross_slot_mapping[e[a]:e[b]]
+        return PagedAttnMetadata(self.block_size, self._seqs[a:b], sm, csm, self._num_blocks)
+
+    def batch(self, num_blocks, num_cross_blocks=0, encoder_self=False):
+        """The library batch for a pool of num_blocks blocks (created once, then reused).
+        encoder_self: the batch of an encoder self-attention layer (queries = encoder tokens)."""
+        key = (int(num_blocks), int(num_cross_blocks), bool(encoder_self))
+        with self._lock:
+            b = self._batches.get(key)
+            if b is None:
+                if encoder_self:
+                    seqs = [{"context_len": 0, "query_len": s.get("encoder_len", 0),
+                             "is_prefill": True} for s in self._seqs]
+                    if any(s["query_len"] < 1 for s in seqs):
+                        raise ValueError("encoder attention needs encoder_seq_lens >= 1 for every "
+                                         "sequence")
+                    b = C.Batch(self.block_size, max(1, num_blocks), seqs,
+                                slot_mapping=np.full(sum(s["query_len"] for s in seqs), -1,
+                                                     np.int64))
+                else:
+                    b = C.Batch(self.block_size, num_blocks, self._seqs,
+                                num_cross_blocks=num_cross_blocks,
+                                slot_mapping=self._slot_mapping,
+                                cross_slot_mapping=self._cross_slot_mapping)
+                self._batches[key] = b
+            return b
+
+    def asdict_zerocopy(self, skip_fields=()):
+        return {k: v for k, v in self.__dict__.items()
+                if not k.startswith("_") and k not in skip_fields}
+
+
+def _derive_slots(seqs, bs, table_key, ctx_key, len_key):
+    out = []
+    for s in seqs:
+        t = s.get(table_key)
+        c = s.get(ctx_key, 0) if ctx_key else 0
+        n = s.get(len_key, 0)
+        if t is None or len(t) == 0:
+            out.extend([-1] * n)
+            continue
+        t = np.asarray(t, dtype=np.int64)
+        pos = np.arange(c, c + n)
+        if len(pos) and pos[-1] // bs >= len(t):
+            raise ValueError("a block table of %d blocks cannot hold %d tokens (block_size %d)"
+                             % (len(t), c + n, bs))
+        out.extend((t[pos // bs] * bs + pos % bs).tolist())
+    return np.asarray(out, dtype=np.int64)
+
+
+class PagedAttnMetadataBuilder:
+    """Builds :class:`PagedAttnMetadata` from per-sequence lengths and block tables."""
+
+    def __init__(self, block_size=16):
+        if int(block_size) < 1:
+            raise ValueError("block_size must be >= 1, got %r" % (block_size,))
+        self.block_size = int(block_size)
+
+    def build(self, seq_lens, query_lens=None, block_tables=None, context_lens=None,
+              num_prefills=None, encoder_seq_lens=None, cross_block_tables=None,
+              slot_mapping=None, cross_slot_mapping=None):
+        """Build the metadata of one step.
+
+        Args:
+            seq_lens: per sequence, context + new tokens.
+            query_lens: per sequence, new tokens this step (or give ``context_lens``; default:
+                every token is new, a plain prefill).
+            block_tables: per sequence, the physical block ids (lists or a 2-D int array padded
+                on the right); ``None`` for encoder-only models.
+            context_lens: per sequence, tokens already cached (alternative to query_lens).
+            num_prefills: how many leading sequences are prefills; default: the sequences up to
+                the last one that has more than one new token or no context (decodes follow).
+            encoder_seq_lens, cross_block_tables: encoder-decoder models: encoder tokens per
+                sequence and the blocks of the cross cache holding them.
+            slot_mapping, cross_slot_mapping: explicit int64 slots (-1 = skip); default derived
+                from the block tables (``table[pos // block_size] * block_size + pos %
+                block_size``).
+        """
+        sl = [int(x) for x in _list(seq_lens)]
+        n = len(sl)
+        if n == 0:
+            raise ValueError("seq_lens is empty")
+        if query_lens is not None:
+            ql = [int(x) for x in _list(query_lens)]
+        elif context_lens is not None:
+            cl = [int(x) for x in _list(context_lens)]
+            if len(cl) != n:
+                raise ValueError("context_lens has %d entries for %d sequences" % (len(cl), n))
+            ql = [s - c for s, c in zip(sl, cl)]
+        else:
+            ql = list(sl)
+        if len(ql) != n:
+            raise ValueError("query_lens has %d entries for %d sequences" % (len(ql), n))
+        for i, (s, q) in enumerate(zip(sl, ql)):
+            if q < 1 or s < q:
+                raise ValueError("sequence %d: query_len %d must be in [1, seq_len = %d]"
+                                 % (i, q, s))
+        tables = _rows(block_tables, n, "block_tables")
+        enc = [int(x) for x in _list(encoder_seq_lens)] if encoder_seq_lens is not None else None
+        if enc is not None and len(enc) != n:
+            raise ValueError("encoder_seq_lens has %d entries for %d sequences" % (len(enc), n))
+        ctabs = _rows(cross_block_tables, n, "cross_block_tables")
+        if num_prefills is None:
+            num_prefills = 0
+            for i in range(n):
+                if ql[i] > 1 or sl[i] == ql[i]:
+                    num_prefills = i + 1
+        num_prefills = int(num_prefills)
+        if not 0 <= num_prefills <= n:
+            raise ValueError("num_prefills %d not in [0, %d]" % (num_prefills, n))
+        seqs = []
+        for i in range(n):
+            s = {"context_len": sl[i] - ql[i], "query_len": ql[i],
+                 "is_prefill": i < num_prefills}
+            if tables is not None:
+                t = tables[i]
+                need = -(-sl[i] // self.block_size)
+                if len(t) < need:
+                    raise ValueError("block_tables[%d] has %d blocks; %d tokens need %d blocks of "
+                                     "%d" % (i, len(t), sl[i], need, self.block_size))
+                s["block_table"] = np.asarray(t[:need], dtype=np.int32)
+            if enc is not None:
+                s["encoder_len"] = enc[i]
+                if ctabs is not None:
+                    need = -(-enc[i] // self.block_size)
+                    ct = ctabs[i]
+                    if len(ct) < need:
+                        raise ValueError("cross_block_tables[%d] has %d blocks; %d encoder tokens "
+                                         "need %d" % (i, len(ct), enc[i], need))
+                    s["cross_block_table"] = np.asarray(ct[:need], dtype=np.int32)
+            seqs.append(s)
+        sm = A.to_np(slot_mapping, np.int64, "slot_mapping", 1) if slot_mapping is not None else None
+        if sm is not None and sm.size != sum(ql):
+            raise ValueError("slot_mapping has %d entries for %d tokens" % (sm.size, sum(ql)))
+        csm = (A.to_np(cross_slot_mapping, np.int64, "cross_slot_mapping", 1)
+               if cross_slot_mapping is not None else None)
+        return PagedAttnMetadata(self.block_size, seqs, sm, csm)
+
+
+def _list(x):
+    if A.is_torch(x):
+        x = x.detach().cpu().numpy()
+    return list(np.asarray(x).reshape(-1))
+
+
+def _rows(x, n, name):
+    if x is None:
+        return None
+    if A.is_torch(x):
+        x = x.detach().cpu().numpy()
+    rows = [list(np.asarray(r).reshape(-1)) for r in x]
+    if len(rows) != n:
+        raise ValueError("%s has %d rows for %d sequences" % (name, len(rows), n))
+    return rows
+
+
+# ---- impl ---------------------------------------------------------------------------------------
+
+def _blocksparse(params, num_heads, num_kv_heads):
+    """vLLM's blocksparse_params dict -> pa_blocksparse fields."""
+    if params is None:
+        return None
+    p = dict(params)
+    bs = int(p.get("block_size", 64))
+    local = int(p["local_blocks"])
+    vert = int(p["vert_stride"])
+    homo = bool(p.get("homo_head", False))
+    homo_group = bool(p.get("homo_head_group", False))
+    tp_rank = int(p.get("tp_rank", 0))
+    tp_size = int(p.get("tp_size", 1))
+    total_heads = int(p.get("num_heads", num_heads)) if p.get("num_heads") else num_heads * tp_size
+    total_kv = (int(p.get("num_kv_heads", num_kv_heads)) if p.get("num_kv_heads")
+                else num_kv_heads * tp_size)
+    if homo:
+        step = 0
+    elif homo_group:
+        step = -max(1, int(vert / total_kv))
+    else:
+        step = max(1, int(vert / total_heads))
+    if "head_sliding_step" in p:
+        step = int(p["head_sliding_step"])
+    return (bs, local, vert, 1 if homo else 0, step, tp_rank)
+
+
+class PagedAttnImpl:
+    """vLLM's AttentionImpl over pagedattn.
+
+    ``impl_cls(num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
+    sliding_window=None, kv_cache_dtype="auto", blocksparse_params=None, logits_soft_cap=None,
+    attn_type="decoder")``; extra keyword ``sinks`` (per-head sink logits) and ``backend``.
+    The configuration is validated by the library at construction (ValueError otherwise).
+    """
+
+    backend_name = None
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
+                 sliding_window=None, kv_cache_dtype="auto", blocksparse_params=None,
+                 logits_soft_cap=None, attn_type="decoder", sinks=None, backend=None, **unused):
+        self.num_heads = int(num_heads)
+        self.head_size = int(head_size)
+        self.scale = float(scale)
+        self.num_kv_heads = int(num_kv_heads) if num_kv_heads else self.num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads (%d) must be a multiple of num_kv_heads (%d)"
+                             % (self.num_heads, self.num_kv_heads))
+        self.alibi_slopes = A.floats(alibi_slopes, "alibi_slopes", self.num_heads)
+        self.sliding_window = int(sliding_window) if sliding_window else 0
+        kcd = (kv_cache_dtype or "auto").lower()
+        if kcd != "auto" and kcd not in A.FP8_NAMES:
+            raise ValueError("kv_cache_dtype %r is not one of 'auto', 'fp8', 'fp8_e4m3', "
+                             "'fp8_e5m2'" % kv_cache_dtype)
+        self.kv_cache_dtype = kcd
+        self.blocksparse = _blocksparse(blocksparse_params, self.num_heads, self.num_kv_heads)
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        self.sinks = A.floats(sinks, "sinks", self.num_heads)
+        self.attn_type = _attn_type_code(attn_type)
+        self.backend = backend or self.backend_name
+        # validate the configuration now (f32 dtypes; forward uses the real ones)
+        self._layer(L.PA_DTYPE_F32, L.PA_DTYPE_F32, L.PA_DTYPE_F32,
+                    A.FP8_NAMES.get(self.kv_cache_dtype, L.PA_DTYPE_F32), 1.0, 1.0)
+
+    def _layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale):
+        return C.get_layer(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                           head_size=self.head_size, scale=self.scale, attn_type=self.attn_type,
+                           sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes,
+                           logits_soft_cap=self.logits_soft_cap, sinks=self.sinks,
+                           blocksparse=self.blocksparse, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                           out_dtype=out_dtype, cache_dtype=cache_dtype, k_scale=k_scale,
+                           v_scale=v_scale)
+
+    def forward(self, query, key, value, kv_cache, attn_metadata, k_scale=1.0, v_scale=1.0,
+                output=None, attn_type=None):
+        """One layer of one step: writes the new K/V into ``kv_cache`` (by the metadata's slot
+        mapping, or its cross slot mapping for cross-attention) and attends.
+
+        Args:
+            query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
+                head_size]``).
+            key, value: ``[num_tokens, num_kv_heads * head_size]`` (encoder tokens for
+                cross-attention; ``None`` at cross-attention decode steps).
+            kv_cache: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (see
+                ``get_kv_cache_shape``); uint8 for fp8. ``None`` or empty for encoder /
+                encoder_only layers.
+            attn_metadata: a :class:`PagedAttnMetadata`.
+            k_scale, v_scale: fp8 scales.
+            output: optional output array ``[num_tokens, num_heads * head_size]``.
+
+        Returns:
+            the output ``[num_tokens, num_heads * head_size]`` in query's dtype.
+        """
+        if attn_type is not None and _attn_type_code(attn_type) != self.attn_type:
+            raise ValueError("attn_type %r differs from the impl's" % (attn_type,))
+        md = attn_metadata
+        if not isinstance(md, PagedAttnMetadata):
+            raise TypeError("attn_metadata must be a PagedAttnMetadata (from the backend's "
+                            "metadata builder), got %s" % type(md).__name__)
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_size
+        qv = A.float_view(query, "query")
+        T = qv.shape[0]
+        qv = _heads_view(query, qv, H, D, "query")
+        kv = vv = None
+        if key is not None or value is not None:
+            if key is None or value is None:
+                raise ValueError("give both key and value, or neither")
+            kv = _heads_view(key, A.float_view(key, "key"), Hkv, D, "key")
+            vv = _heads_view(value, A.float_view(value, "value"), Hkv, D, "value")
+            if kv.kind != vv.kind or kv.shape != vv.shape:
+                raise ValueError("key and value must have the same shape and dtype")
+        at = self.attn_type
+        if at == L.PA_ATTN_ENCODER:
+            expect = md.num_encoder_tokens
+        else:
+            expect = md.num_tokens
+        if T != expect:
+            raise ValueError("query has %d tokens; the metadata describes %d" % (T, expect))
+        # output
+        if output is None:
+            out_obj = A.empty_like_rows(qv, (T, H * D), qv.kind)
+        else:
+            out_obj = output
+        ov = _heads_view(out_obj, A.float_view(out_obj, "output"), H, D, "output")
+        if ov.kind != qv.kind:
+            raise ValueError("output dtype %s differs from query dtype %s"
+                             % (ov.dtype_name(), qv.dtype_name()))
+        ks, vs = A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale")
+        has_cache = kv_cache is not None and A.view(kv_cache, "kv_cache").size() > 0
+        cache = None
+        cdt = L.PA_DTYPE_F32
+        num_blocks = 1
+        if at in (L.PA_ATTN_DECODER, L.PA_ATTN_ENCODER_DECODER):
+            if not has_cache:
+                if at == L.PA_ATTN_DECODER and kv is not None and all(
+                        c == 0 for c in md.context_lens_tensor.tolist()):
+                    return self._no_cache_prefill(qv, kv, vv, ov, out_obj, md)
+                raise ValueError("kv_cache is required for %s attention"
+                                 % ("decoder" if at == L.PA_ATTN_DECODER else "cross"))
+            cv = A.view(kv_cache, "kv_cache")
+            if cv.ndim != 5 or cv.shape[0] != 2 or cv.shape[3] != Hkv or cv.shape[4] != D:
+                raise ValueError("kv_cache must be [2, num_blocks, block_size, num_kv_heads=%d, "
+                                 "head_size=%d], got shape %s" % (Hkv, D, cv.shape))
+            if cv.shape[2] != md.block_size:
+                raise ValueError("kv_cache block_size %d differs from the metadata's %d"
+                                 % (cv.shape[2], md.block_size))
+            kc = A.View(None, cv.ptr, cv.shape[1:], cv.strides[1:], cv.kind, cv.itemsize,
+                        cv.torch)
+            vc = A.View(None, cv.ptr + cv.strides[0] * cv.itemsize, cv.shape[1:], cv.strides[1:],
+                        cv.kind, cv.itemsize, cv.torch)
+            cdt = C.cache_dtype_of(cv, self.kv_cache_dtype, "kv_cache")
+            cache = C.paged_cache(kc, vc, cdt, "kv_cache[0]", "kv_cache[1]")
+            num_blocks = cache.num_blocks
+        elif kv is None:
+            raise ValueError("encoder attention needs key and value")
+        fp8 = cdt in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
+        if not fp8:
+            ks = vs = 1.0
+        kvd = kv.kind if kv is not None else qv.kind
+        layer = self._layer(qv.kind, kvd, ov.kind, cdt, ks, vs)
+        ctx = layer.context(self.backend)
+        if at == L.PA_ATTN_ENCODER:
+            batch = md.batch(num_blocks, encoder_self=True)
+        elif at == L.PA_ATTN_ENCODER_DECODER:
+            if md.num_encoder_tokens == 0:
+                raise ValueError("cross-attention needs encoder_seq_lens in the metadata")
+            if md.cross_block_tables is None:
+                raise ValueError("cross-attention needs cross_block_tables in the metadata")
+            if kv is not None and kv.shape[0] != md.num_encoder_tokens:
+                raise ValueError("key has %d rows; the metadata has %d encoder tokens"
+                                 % (kv.shape[0], md.num_encoder_tokens))
+            batch = md.batch(num_blocks, num_cross_blocks=num_blocks)
+        else:
+            if kv is not None and kv.shape[0] != T:
+                raise ValueError("key has %d rows for %d query tokens" % (kv.shape[0], T))
+            batch = md.batch(num_blocks)
+        plan = batch.plan(ctx, layer)
+        C.forward(ctx, layer, batch, qv.ptr, qv.strides[0],
+                  kv.ptr if kv is not None else None, kv.strides[0] if kv is not None else 0,
+                  vv.ptr if vv is not None else None, vv.strides[0] if vv is not None else 0,
+                  cache, ov.ptr, ov.strides[0], plan=plan)
+        return out_obj
+
+    def _no_cache_prefill(self, qv, kv, vv, ov, out_obj, md):
+        """Profiling run (empty kv_cache): causal attention over the step's own tokens."""
+        cu = md.query_start_loc
+        src = _attn.packed_source(kv, vv, cu.astype(np.int64), kv.kind)
+        seqs = [{"q_start": int(cu[i]), "q_len": int(md.query_lens[i]),
+                 "k_len": int(md.query_lens[i]), "k_start": int(cu[i]),
+                 "table": np.arange(cu[i], cu[i + 1], dtype=np.int32)}
+                for i in range(md.num_seqs)]
+        win = (self.sliding_window - 1, 0) if self.sliding_window else (-1, -1)
+        if self.blocksparse is not None:
+            raise NotImplementedError("block-sparse attention needs a kv_cache")
+        _attn.run(qv, ov, None, src, seqs, causal=True, window=win, scale=self.scale,
+                  softcap=self.logits_soft_cap, alibi=self.alibi_slopes, sinks=self.sinks,
+                  cache_dtype=kv.kind, k_scale=1.0, v_scale=1.0, backend=self.backend)
+        return out_obj
+
+
+def _heads_view(x, v, heads, D, name):
+    """[T, heads*D] or [T, heads, D] -> [T, heads, D] View with contiguous heads."""
+    if v.ndim == 2:
+        if v.shape[1] != heads * D:
+            raise ValueError("%s must be [num_tokens, %d * %d], got shape %s"
+                             % (name, heads, D, v.shape))
+        if heads * D > 1 and v.strides[1] != 1:
+            raise ValueError("%s: the feature dim must be contiguous (strides %s)"
+                             % (name, v.strides))
+        rs = v.strides[0] if v.shape[0] > 1 else heads * D
+        return A.View(v.obj, v.ptr, (v.shape[0], heads, D), (rs, D, 1), v.kind, v.itemsize,
+                      v.torch)
+    if v.ndim == 3:
+        if v.shape[1:] != (heads, D):
+            raise ValueError("%s must be [num_tokens, %d, %d], got shape %s"
+                             % (name, heads, D, v.shape))
+        rs = A.check_rows(v, name)
+        return A.View(v.obj, v.ptr, v.shape, (rs if v.shape[0] > 1 else heads * D, D, 1), v.kind,
+                      v.itemsize, v.torch)
+    raise ValueError("%s must be 2-D [num_tokens, heads * head_size], got shape %s"
+                     % (name, v.shape))
+
+
+# ---- backend ------------------------------------------------------------------------------------
+
+class PagedAttnBackend:
+    """vLLM's AttentionBackend for one pagedattn library backend."""
+
+    def __init__(self, name):
+        self._name = name
+        self._impl_cls = type("PagedAttnImpl_" + name, (PagedAttnImpl,), {"backend_name": name})
+
+    def get_name(self):
+        """The library backend's name (``"cpu"``, ``"reference"``, ...)."""
+        return self._name
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        """``(2, num_blocks, block_size, num_kv_heads, head_size)``: FlashAttention's layout,
+        keys in ``[0]`` and values in ``[1]``."""
+        for n, x in (("num_blocks", num_blocks), ("block_size", block_size),
+                     ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
+            if int(x) < 1:
+                raise ValueError("%s must be >= 1, got %r" % (n, x))
+        return (2, int(num_blocks), int(block_size), int(num_kv_heads), int(head_size))
+
+    def get_impl_cls(self):
+        """The AttentionImpl class bound to this backend."""
+        return self._impl_cls
+
+    @staticmethod
+    def get_metadata_cls():
+        return PagedAttnMetadata
+
+    @staticmethod
+    def get_builder_cls():
+        return PagedAttnMetadataBuilder
+
+    @staticmethod
+    def make_metadata(*args, **kwargs):
+        """``PagedAttnMetadataBuilder(block_size).build(...)`` in one call: keyword
+        ``block_size`` (default 16) plus the builder's arguments."""
+        bs = kwargs.pop("block_size", 16)
+        return PagedAttnMetadataBuilder(bs).build(*args, **kwargs)
+
+    @staticmethod
+    def make_metadata_builder(block_size=16):
+        """A :class:`PagedAttnMetadataBuilder` for caches of ``block_size`` tokens per block."""
+        return PagedAttnMetadataBuilder(block_size)
+
+    def swap_blocks(self, src_kv_cache, dst_kv_cache, src_to_dst):
+        """Copies blocks ``src_to_dst[i, 0]`` of ``src_kv_cache`` to blocks ``src_to_dst[i, 1]``
+        of ``dst_kv_cache`` (both ``[2, num_blocks, ...]``, keys and values)."""
+        sv, dv = A.view(src_kv_cache, "src_kv_cache"), A.view(dst_kv_cache, "dst_kv_cache")
+        for v, n in ((sv, "src_kv_cache"), (dv, "dst_kv_cache")):
+            if v.ndim < 3 or v.shape[0] != 2:
+                raise ValueError("%s must be [2, num_blocks, ...], got shape %s" % (n, v.shape))
+        if sv.shape[2:] != dv.shape[2:] or sv.kind != dv.kind:
+            raise ValueError("src_kv_cache %s and dst_kv_cache %s must have the same block shape "
+                             "and dtype" % (sv.shape, dv.shape))
+        sc = ops._pool_cache(*_kv_halves(sv), "src_kv_cache[0]", "src_kv_cache[1]")
+        dc = ops._pool_cache(*_kv_halves(dv), "dst_kv_cache[0]", "dst_kv_cache[1]")
+        ops._swap(sc, dc, ops._pairs(src_to_dst, "src_to_dst"), self._name)
+
+    def copy_blocks(self, kv_caches, src_to_dists):
+        """Copy-on-write: for every layer's ``[2, num_blocks, ...]`` cache, copies block
+        ``src_to_dists[i, 0]`` to ``src_to_dists[i, 1]`` in keys and values."""
+        ks, vs = [], []
+        for i, c in enumerate(kv_caches):
+            v = A.view(c, "kv_caches[%d]" % i)
+            if v.ndim < 3 or v.shape[0] != 2:
+                raise ValueError("kv_caches[%d] must be [2, num_blocks, ...], got shape %s"
+                                 % (i, v.shape))
+            ks.append(c[0])
+            vs.append(c[1])
+        ops.copy_blocks(ks, vs, src_to_dists, backend=self._name)
+
+    def __repr__(self):
+        return "PagedAttnBackend(%r)" % self._name
+
+
+def _kv_halves(v):
+    k = A.View(None, v.ptr, v.shape[1:], v.strides[1:], v.kind, v.itemsize, v.torch)
+    val = A.View(None, v.ptr + v.strides[0] * v.itemsize, v.shape[1:], v.strides[1:], v.kind,
+                 v.itemsize, v.torch)
+    return k, val
+
+
+_backends = {}
+
+
+def get_attn_backend(name=None):
+    """The attention backend object for library backend ``name`` (default: ``$PAGEDATTN_BACKEND``
+    or the best available one). Raises ValueError for an unknown name and NotImplementedError
+    for one that cannot run on this machine."""
+    if name is None:
+        out = L.pa_backend_p()
+        L.check(L.lib.pa_backend_select(None, None, ctypes.byref(out)), "get_attn_backend")
+        name = L.lib.pa_backend_name(out).decode()
+    name = str(name)
+    b = _backends.get(name)
+    if b is None:
+        L.backend_handle(name)
+        ok, reason = L.backend_available(name)
+        if not ok:
+            raise L.PagedAttnNotImplementedError(
+                "backend %r cannot run on this machine: %s" % (name, reason), 7, "UNAVAILABLE",
+                reason)
+        b = PagedAttnBackend(name)
+        _backends[name] = b
+    return b

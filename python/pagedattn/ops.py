@@ -1,0 +1,727 @@
+"""FlashAttention- and vLLM-compatible calls over the pagedattn C library.
+
+Arrays are numpy arrays (float32, float16, ml_dtypes.bfloat16; fp8 caches as uint8) or torch CPU
+tensors; they are passed to the library by pointer and strides, without copies.
+"""
+
+import ctypes
+import math
+
+import numpy as np
+
+from . import _arrays as A
+from . import _attn
+from . import _core as C
+from . import _lib as L
+
+__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "reshape_and_cache_flash",
+           "copy_blocks", "swap_blocks", "merge_attn_states"]
+
+
+def _window(window_size):
+    if window_size is None:
+        return (-1, -1)
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError("window_size must be a pair (left, right), got %r" % (window_size,))
+    left, right = int(left), int(right)
+    if left < -1 or right < -1:
+        raise ValueError("window_size (%d, %d): each side must be >= 0, or -1 for unbounded"
+                         % (left, right))
+    return (left, right)
+
+
+def _softcap(softcap):
+    sc = float(softcap or 0.0)
+    if sc < 0 or not math.isfinite(sc):
+        raise ValueError("softcap must be a finite value >= 0 (0 = off), got %r" % (softcap,))
+    return sc
+
+
+def _scale(softmax_scale, head_size):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_size)
+    s = float(softmax_scale)
+    if not (s > 0 and math.isfinite(s)):
+        raise ValueError("softmax_scale must be finite and > 0, got %r" % (softmax_scale,))
+    return s
+
+
+def _alibi(alibi_slopes, num_heads, batch):
+    if alibi_slopes is None:
+        return None
+    a = alibi_slopes
+    if A.is_torch(a):
+        a = a.detach().float().cpu().numpy()
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim == 1 and a.shape[0] == num_heads:
+        return np.ascontiguousarray(a)
+    if a.ndim == 2 and a.shape == (batch, num_heads):
+        if batch == 1 or np.all(a == a[0:1]):
+            return np.ascontiguousarray(a[0])
+        return np.ascontiguousarray(a)
+    raise ValueError("alibi_slopes must have shape [num_heads] = [%d] or [batch, num_heads] = "
+                     "[%d, %d], got %s" % (num_heads, batch, num_heads, a.shape))
+
+
+def _new_out(out, q, shape, name="out"):
+    if out is None:
+        obj = A.empty_like_rows(q, shape, q.kind)
+        return obj, A.view(obj, name)
+    ov = A.float_view(out, name)
+    if ov.shape != tuple(shape):
+        raise ValueError("%s must have shape %s, got %s" % (name, tuple(shape), ov.shape))
+    if ov.kind != q.kind:
+        raise ValueError("%s dtype %s differs from q dtype %s" % (name, ov.dtype_name(),
+                                                                   q.dtype_name()))
+    return out, ov
+
+
+def _check_heads(H, Hkv, D, Dk):
+    if Dk != D:
+        raise ValueError("head_size of q (%d) and of k/v (%d) differ" % (D, Dk))
+    if Hkv < 1 or H % Hkv:
+        raise ValueError("num_heads (%d) must be a multiple of num_kv_heads (%d)" % (H, Hkv))
+
+
+def _sinks(s_aux, num_heads):
+    if s_aux is None:
+        return None
+    return A.floats(s_aux, "s_aux", num_heads)
+
+
+def _lse_varlen(lse_obj, lv, total_q):
+    """lse [num_heads, total_q]: token stride 1, head stride = its row stride."""
+    hs = lv.strides[0] if lv.shape[0] > 1 else total_q
+    ts = lv.strides[1] if total_q > 1 else 1
+
+    def fill(start, n):
+        lse_obj[:, start:start + n] = -math.inf
+
+    def put(start, n, vals):  # vals [n, H]
+        _attn.as_numpy(lv)[:, start:start + n] = vals.T
+
+    return (lse_obj, lv.ptr, ts, hs, fill, put)
+
+
+def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
+                           seqused_k=None, softmax_scale=None, causal=False, window_size=None,
+                           softcap=0.0, alibi_slopes=None, block_table=None,
+                           return_softmax_lse=False, out=None, s_aux=None, kv_cache_dtype="auto",
+                           k_scale=1.0, v_scale=1.0, backend=None):
+    """Variable-length attention, as vLLM's flash-attention fork's ``flash_attn_varlen_func``.
+
+    Args:
+        q: ``[total_q, num_heads, head_size]`` float32/float16/bfloat16; sequence i owns rows
+            ``cu_seqlens_q[i]:cu_seqlens_q[i+1]``.
+        k, v: without ``block_table``, packed keys/values ``[total_k, num_kv_heads, head_size]``
+            indexed by ``cu_seqlens_k``; with ``block_table``, the paged caches
+            ``[num_blocks, block_size, num_kv_heads, head_size]`` (uint8 for fp8 caches).
+        max_seqlen_q, max_seqlen_k: upper bounds of the lengths (checked, otherwise unused).
+        cu_seqlens_q: int32 ``[batch + 1]`` query offsets.
+        cu_seqlens_k: int32 ``[batch + 1]`` key offsets (packed) or cumulative key lengths.
+        seqused_k: int32 ``[batch]`` key length of each sequence (paged: required unless
+            ``cu_seqlens_k`` gives the lengths).
+        softmax_scale: logit scale, default ``1/sqrt(head_size)``.
+        causal: bottom-right aligned causal mask (query row t of a sequence with q_len queries
+            and k_len keys sits at key position ``k_len - q_len + t``).
+        window_size: ``(left, right)`` local window, -1 = unbounded side.
+        softcap: logits soft-cap (0 = off).
+        alibi_slopes: float32 ``[num_heads]`` or ``[batch, num_heads]``.
+        block_table: int32 ``[batch, max_blocks_per_seq]`` (paged mode).
+        return_softmax_lse: also return the natural-log LSE ``[num_heads, total_q]`` float32.
+        out: optional output ``[total_q, num_heads, head_size]`` of q's dtype.
+        s_aux: optional per-head attention-sink logits ``[num_heads]``.
+        kv_cache_dtype: ``"auto"`` or, for uint8 caches, ``"fp8"``/``"fp8_e4m3"``/``"fp8_e5m2"``.
+        k_scale, v_scale: fp8 dequantization scales.
+        backend: library backend name (``"reference"``, ``"cpu"``, ...); default: the best
+            available one that supports the configuration (or ``$PAGEDATTN_BACKEND``).
+
+    Returns:
+        ``out``, or ``(out, lse)`` with ``return_softmax_lse``. Rows that see no key get 0 and
+        an LSE of -inf.
+
+    Raises:
+        ValueError for bad shapes/dtypes/arguments, NotImplementedError for a configuration the
+        chosen backend lacks, MemoryError when the library runs out of memory.
+    """
+    qv = A.float_view(q, "q")
+    A.check_ndim(qv, "q", 3, "[total_q, num_heads, head_size]")
+    total_q, H, D = qv.shape
+    cu_q = A.to_np(cu_seqlens_q, np.int64, "cu_seqlens_q", 1)
+    if cu_q.size < 2:
+        raise ValueError("cu_seqlens_q must have batch + 1 >= 2 entries, got %d" % cu_q.size)
+    B = cu_q.size - 1
+    qlens = np.diff(cu_q)
+    if cu_q[0] != 0 or np.any(qlens < 0) or cu_q[-1] > total_q:
+        raise ValueError("cu_seqlens_q must start at 0, be non-decreasing and end at most at "
+                         "total_q = %d; got %s" % (total_q, cu_q.tolist()))
+    if max_seqlen_q is not None and B and int(qlens.max()) > int(max_seqlen_q):
+        raise ValueError("max_seqlen_q = %d is below the longest query (%d)"
+                         % (max_seqlen_q, int(qlens.max())))
+    kv_ = A.view(k, "k")
+    vv_ = A.view(v, "v")
+    win = _window(window_size)
+    sc = _softcap(softcap)
+    scale = _scale(softmax_scale, D)
+    alibi = _alibi(alibi_slopes, H, B)
+    sinks = _sinks(s_aux, H)
+    ks = A.scalar(k_scale, "k_scale")
+    vs = A.scalar(v_scale, "v_scale")
+    same_rows = None
+    if block_table is not None:
+        cdt = C.cache_dtype_of(kv_, kv_cache_dtype, "k")
+        C.cache_dtype_of(vv_, kv_cache_dtype, "v")
+        cache = C.paged_cache(kv_, vv_, cdt, "k", "v")
+        _check_heads(H, cache.num_kv_heads, D, cache.head_size)
+        src = _attn.Source(cache, kv_, vv_, cache.block_size, cache.num_blocks)
+        bt = A.to_np(block_table, np.int32, "block_table", 2)
+        if bt.shape[0] != B:
+            raise ValueError("block_table has %d rows for %d sequences" % (bt.shape[0], B))
+        if seqused_k is not None:
+            klens = A.to_np(seqused_k, np.int64, "seqused_k", 1)
+            if klens.size != B:
+                raise ValueError("seqused_k has %d entries for %d sequences" % (klens.size, B))
+        elif cu_seqlens_k is not None:
+            cu_k = A.to_np(cu_seqlens_k, np.int64, "cu_seqlens_k", 1)
+            if cu_k.size != B + 1:
+                raise ValueError("cu_seqlens_k has %d entries for %d sequences" % (cu_k.size, B))
+            klens = np.diff(cu_k)
+        else:
+            raise ValueError("with block_table, give seqused_k (or cu_seqlens_k)")
+        if np.any(klens < 0):
+            raise ValueError("key lengths must be >= 0, got %s" % klens.tolist())
+        cap = bt.shape[1] * cache.block_size
+        if B and int(klens.max()) > cap:
+            raise ValueError("a key length (%d) exceeds the block table's capacity (%d blocks "
+                             "of %d)" % (int(klens.max()), bt.shape[1], cache.block_size))
+        seqs = []
+        for i in range(B):
+            kl = int(klens[i])
+            nb = -(-kl // cache.block_size)
+            seqs.append({"q_start": int(cu_q[i]), "q_len": int(qlens[i]), "k_len": kl,
+                         "table": bt[i, :nb]})
+    else:
+        if kv_.ndim != 3 or vv_.ndim != 3:
+            raise ValueError("without block_table, k and v must be packed [total_k, num_kv_heads, "
+                             "head_size]; got shapes %s, %s" % (kv_.shape, vv_.shape))
+        cdt = C.cache_dtype_of(kv_, kv_cache_dtype, "k")
+        C.cache_dtype_of(vv_, kv_cache_dtype, "v")
+        _check_heads(H, kv_.shape[1], D, kv_.shape[2])
+        if cu_seqlens_k is None:
+            raise ValueError("without block_table, cu_seqlens_k is required")
+        cu_k = A.to_np(cu_seqlens_k, np.int64, "cu_seqlens_k", 1)
+        if cu_k.size != B + 1:
+            raise ValueError("cu_seqlens_k has %d entries for %d sequences" % (cu_k.size, B))
+        klens_full = np.diff(cu_k)
+        if cu_k[0] < 0 or np.any(klens_full < 0) or cu_k[-1] > kv_.shape[0]:
+            raise ValueError("cu_seqlens_k must be non-negative, non-decreasing and end at most at "
+                             "total_k = %d; got %s" % (kv_.shape[0], cu_k.tolist()))
+        klens = klens_full
+        if seqused_k is not None:
+            su = A.to_np(seqused_k, np.int64, "seqused_k", 1)
+            if su.size != B or np.any(su < 0) or np.any(su > klens_full):
+                raise ValueError("seqused_k must hold %d lengths within cu_seqlens_k's" % B)
+            klens = su
+        src = _attn.packed_source(kv_, vv_, cu_k, cdt)
+        seqs = []
+        for i in range(B):
+            kl = int(klens[i])
+            seqs.append({"q_start": int(cu_q[i]), "q_len": int(qlens[i]), "k_len": kl,
+                         "k_start": int(cu_k[i]),
+                         "table": np.arange(cu_k[i], cu_k[i] + kl, dtype=np.int32)})
+        if (not causal and (win != (-1, -1) or alibi is not None) and
+                np.array_equal(cu_q, cu_k) and np.array_equal(klens, qlens) and
+                cdt in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16) and kv_.shape[0] > 0):
+            same_rows = (kv_, vv_)
+    if max_seqlen_k is not None and B and int(klens.max()) > int(max_seqlen_k):
+        raise ValueError("max_seqlen_k = %d is below the longest key range (%d)"
+                         % (max_seqlen_k, int(klens.max())))
+
+    out_obj, ov = _new_out(out, qv, (total_q, H, D))
+    lse_obj = lse = None
+    if return_softmax_lse:
+        lse_obj = A.empty_f32(qv, (H, total_q))
+        lv = A.view(lse_obj, "lse")
+        lse = _lse_varlen(lse_obj, lv, total_q)
+    _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
+              alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
+              same_rows_kv=same_rows)
+    if return_softmax_lse:
+        return out_obj, lse_obj
+    return out_obj
+
+
+def _rows_view(x, name, shape4):
+    """[B, S, H, D] -> a [B*S, H, D] View (copying only when rows are not uniformly strided)."""
+    v = A.float_view(x, name)
+    A.check_ndim(v, name, 4, "[batch, seqlen, heads, head_size]")
+    b, s, h, d = v.shape
+    st = v.strides
+    uniform = (b == 1 or s == 1 or st[0] == s * st[1])
+    inner = (d == 1 or st[3] == 1) and (h == 1 or st[2] == d)
+    if not (uniform and inner):
+        if v.torch:
+            x = x.contiguous()
+        else:
+            x = np.ascontiguousarray(x)
+        v = A.view(x, name)
+        st = v.strides
+    row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
+    return A.View(v.obj, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                            block_table=None, softmax_scale=None, causal=False, window_size=None,
+                            softcap=0.0, alibi_slopes=None, return_softmax_lse=False, out=None,
+                            s_aux=None, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0,
+                            backend=None):
+    """Attention of a batch of queries over a KV cache, as FlashAttention's
+    ``flash_attn_with_kvcache`` (decode, speculative decode, chunked prefill).
+
+    Args:
+        q: ``[batch, seqlen_q, num_heads, head_size]``.
+        k_cache, v_cache: with ``block_table``, paged ``[num_blocks, block_size, num_kv_heads,
+            head_size]``; without, dense ``[batch, seqlen_cache, num_kv_heads, head_size]``.
+            uint8 for fp8 caches (see ``kv_cache_dtype``).
+        k, v: optional new keys/values ``[batch, seqlen_new, num_kv_heads, head_size]``, written
+            into the cache at positions ``cache_seqlens[b] ..`` before attending (in place).
+        cache_seqlens: int or int32 ``[batch]``: tokens already in the cache per sequence
+            (default: the whole cache capacity).
+        block_table: int32 ``[batch, max_blocks_per_seq]``.
+        softmax_scale, causal, window_size, softcap, alibi_slopes, s_aux, kv_cache_dtype,
+        k_scale, v_scale, backend: as in :func:`flash_attn_varlen_func`. Causal is bottom-right
+            aligned: query t of sequence b sits at ``cache_seqlens[b] + seqlen_new - seqlen_q + t``.
+        return_softmax_lse: also return the LSE ``[batch, num_heads, seqlen_q]`` float32.
+        out: optional output ``[batch, seqlen_q, num_heads, head_size]``.
+
+    Returns:
+        ``out`` or ``(out, lse)``.
+    """
+    qv4 = A.float_view(q, "q")
+    A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
+    B, Sq, H, D = qv4.shape
+    qv = _rows_view(q, "q", qv4.shape)
+    kcv = A.view(k_cache, "k_cache")
+    vcv = A.view(v_cache, "v_cache")
+    cdt = C.cache_dtype_of(kcv, kv_cache_dtype, "k_cache")
+    C.cache_dtype_of(vcv, kv_cache_dtype, "v_cache")
+    cache = C.paged_cache(kcv, vcv, cdt, "k_cache", "v_cache")
+    _check_heads(H, cache.num_kv_heads, D, cache.head_size)
+    BS = cache.block_size
+    if block_table is not None:
+        bt = A.to_np(block_table, np.int32, "block_table", 2)
+        if bt.shape[0] != B:
+            raise ValueError("block_table has %d rows for batch %d" % (bt.shape[0], B))
+    else:
+        if kcv.shape[0] < B:
+            raise ValueError("k_cache holds %d sequences for batch %d" % (kcv.shape[0], B))
+        bt = np.arange(B, dtype=np.int32).reshape(B, 1)
+    cap = bt.shape[1] * BS
+    if cache_seqlens is None:
+        seqlens = np.full(B, cap, dtype=np.int64)
+    elif isinstance(cache_seqlens, (int, np.integer)):
+        seqlens = np.full(B, int(cache_seqlens), dtype=np.int64)
+    else:
+        seqlens = A.to_np(cache_seqlens, np.int64, "cache_seqlens")
+        seqlens = np.broadcast_to(seqlens.reshape(-1), (B,)).copy() if seqlens.size in (1, B) \
+            else None
+        if seqlens is None:
+            raise ValueError("cache_seqlens must be an int or hold %d lengths" % B)
+    if np.any(seqlens < 0):
+        raise ValueError("cache_seqlens must be >= 0, got %s" % seqlens.tolist())
+    new_kv = None
+    Snew = 0
+    if (k is None) != (v is None):
+        raise ValueError("give both k and v, or neither")
+    if k is not None:
+        kn = _rows_view(k, "k", None)
+        vn = _rows_view(v, "v", None)
+        Snew = A.view(k, "k").shape[1]
+        if A.view(k, "k").shape[0] != B or A.view(v, "v").shape[:2] != (B, Snew):
+            raise ValueError("k and v must be [batch=%d, seqlen_new, num_kv_heads, head_size]; got "
+                             "%s and %s" % (B, A.view(k, "k").shape, A.view(v, "v").shape))
+        if kn.shape[1:] != (cache.num_kv_heads, D) or vn.shape != kn.shape:
+            raise ValueError("k/v heads and head_size must match the cache (%d, %d); got %s, %s"
+                             % (cache.num_kv_heads, D, kn.shape, vn.shape))
+        if kn.kind != vn.kind:
+            raise ValueError("k and v dtypes differ")
+        pos = seqlens[:, None] + np.arange(Snew)[None, :]
+        if B and int(pos.max(initial=-1)) >= cap:
+            raise ValueError("cache_seqlens + seqlen_new exceeds the cache capacity (%d tokens)"
+                             % cap)
+        slots = (bt[np.arange(B)[:, None], pos // BS].astype(np.int64) * BS + pos % BS).reshape(-1)
+        new_kv = (kn, vn, slots)
+    klens = seqlens + Snew
+    if B and int(klens.max()) > cap:
+        raise ValueError("cache_seqlens (max %d) exceed the cache capacity (%d tokens)"
+                         % (int(klens.max()), cap))
+    win = _window(window_size)
+    sc = _softcap(softcap)
+    scale = _scale(softmax_scale, D)
+    alibi = _alibi(alibi_slopes, H, B)
+    sinks = _sinks(s_aux, H)
+    ks = A.scalar(k_scale, "k_scale")
+    vs = A.scalar(v_scale, "v_scale")
+    src = _attn.Source(cache, kcv, vcv, BS, cache.num_blocks)
+    seqs = []
+    for b in range(B):
+        kl = int(klens[b])
+        seqs.append({"q_start": b * Sq, "q_len": Sq, "k_len": kl,
+                     "table": bt[b, :-(-kl // BS)]})
+    # output [B, Sq, H, D]
+    if out is None:
+        out_obj = A.empty_like_rows(qv, (B, Sq, H, D), qv.kind)
+    else:
+        out_obj = out
+        ov4 = A.float_view(out, "out")
+        if ov4.shape != (B, Sq, H, D) or ov4.kind != qv.kind:
+            raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
+                             % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
+        st = ov4.strides
+        if not ((B == 1 or Sq == 1 or st[0] == Sq * st[1]) and (D == 1 or st[3] == 1)
+                and (H == 1 or st[2] == D)):
+            raise ValueError("out must have uniformly strided rows with contiguous heads; got "
+                             "strides %s" % (st,))
+    ov = _rows_view(out_obj, "out", None)
+    if ov.ptr != A.view(out_obj, "out").ptr:
+        raise AssertionError("internal: out copied")
+    lse = None
+    lse_tmp = None
+    if return_softmax_lse:
+        lse_tmp = np.empty((B * Sq, H), dtype=np.float32)
+
+        def fill(start, n):
+            lse_tmp[start:start + n] = -math.inf
+
+        def put(start, n, vals):
+            lse_tmp[start:start + n] = vals
+
+        lse = (lse_tmp, lse_tmp.ctypes.data, H, 1, fill, put)
+    # the forward call writes the new K/V itself when it can (one validation, then writes);
+    # otherwise the cache write goes first, after everything else was validated
+    direct = (new_kv is not None and causal and Snew == Sq and bool(np.all(klens >= Sq)) and
+              new_kv[0].kind in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16))
+    if new_kv is not None and not direct:
+        _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)
+    _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
+              alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
+              new_kv=new_kv if direct else None)
+    if return_softmax_lse:
+        lse_arr = lse_tmp.reshape(B, Sq, H).transpose(0, 2, 1)
+        if qv.torch:
+            torch = A.torch_module()
+            return out_obj, torch.from_numpy(np.ascontiguousarray(lse_arr))
+        return out_obj, np.ascontiguousarray(lse_arr)
+    return out_obj
+
+
+def _ctx_for(backend):
+    return L.get_context(backend) if backend else None
+
+
+def _cache_write(cache, kn, vn, slots, ks, vs, cdt, backend):
+    fp8 = cdt in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
+    if not fp8:
+        ks = vs = 1.0
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    ctx = _ctx_for(backend)
+    krs, vrs = A.check_rows(kn, "key"), A.check_rows(vn, "value")
+
+    def call():
+        return L.lib.pa_cache_write(ctx.handle if ctx else None, ctypes.byref(cache), kn.kind,
+                                    kn.ptr, krs, vn.ptr, vrs,
+                                    A.ptr(slots, ctypes.c_int64), slots.size, ks, vs)
+
+    if ctx:
+        with ctx.lock:
+            L.check(call(), "reshape_and_cache_flash")
+    else:
+        L.check(call(), "reshape_and_cache_flash")
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype="auto",
+                            k_scale=1.0, v_scale=1.0, backend=None):
+    """Writes new keys/values into a paged cache, as vLLM's ``reshape_and_cache_flash``.
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_size]`` float32/float16/bfloat16 (rows may
+            be strided, e.g. views of a fused QKV buffer).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_size]`` of the
+            cache dtype (uint8 for fp8), any strides with a contiguous head_size dim.
+        slot_mapping: int64 ``[num_tokens]``; token i goes to block ``slot // block_size``, offset
+            ``slot % block_size``; negative slots are skipped.
+        kv_cache_dtype: ``"auto"`` (cache dtype = its array dtype) or ``"fp8"``/``"fp8_e4m3"``/
+            ``"fp8_e5m2"`` (stored value = fp8(x / scale), saturating).
+        k_scale, v_scale: fp8 quantization scales (ignored for non-fp8 caches).
+        backend: optional backend name whose context runs the copy (default: calling thread).
+
+    Raises ValueError for a bad slot (out of the pool, or twice) and bad shapes; on error the
+    cache is left untouched.
+    """
+    kn = A.float_view(key, "key")
+    vn = A.float_view(value, "value")
+    A.check_ndim(kn, "key", 3, "[num_tokens, num_kv_heads, head_size]")
+    A.check_ndim(vn, "value", 3, "[num_tokens, num_kv_heads, head_size]")
+    if kn.shape != vn.shape or kn.kind != vn.kind:
+        raise ValueError("key %s %s and value %s %s must have the same shape and dtype"
+                         % (kn.shape, kn.dtype_name(), vn.shape, vn.dtype_name()))
+    kcv = A.view(key_cache, "key_cache")
+    vcv = A.view(value_cache, "value_cache")
+    cdt = C.cache_dtype_of(kcv, kv_cache_dtype, "key_cache")
+    C.cache_dtype_of(vcv, kv_cache_dtype, "value_cache")
+    cache = C.paged_cache(kcv, vcv, cdt)
+    if kn.shape[1:] != (cache.num_kv_heads, cache.head_size):
+        raise ValueError("key has %s heads x head_size; the cache has (%d, %d)"
+                         % (kn.shape[1:], cache.num_kv_heads, cache.head_size))
+    slots = A.to_np(slot_mapping, np.int64, "slot_mapping", 1)
+    if slots.size != kn.shape[0]:
+        raise ValueError("slot_mapping has %d entries for %d tokens" % (slots.size, kn.shape[0]))
+    _cache_write(cache, kn, vn, slots, A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale"),
+                 cdt, backend)
+
+
+# ---- block copies -------------------------------------------------------------------------------
+
+_ITEM_DTYPE = {1: L.PA_DTYPE_FP8_E4M3, 2: L.PA_DTYPE_F16, 4: L.PA_DTYPE_F32}
+
+
+def _block_geometry(v, name):
+    """(num_blocks, block_stride, block_elems) of a pool whose blocks are contiguous."""
+    if v.ndim < 2:
+        raise ValueError("%s must be at least 2-D [num_blocks, ...], got shape %s" % (name, v.shape))
+    inner = A.View(None, v.ptr, v.shape[1:], v.strides[1:], v.kind, v.itemsize, v.torch)
+    if not inner.is_contiguous():
+        raise ValueError("%s: each block must be contiguous (shape %s, strides %s)"
+                         % (name, v.shape, v.strides))
+    elems = inner.size()
+    stride = v.strides[0] if v.shape[0] > 1 else elems
+    return v.shape[0], stride, elems
+
+
+def _pool_dtype(v, name):
+    if isinstance(v.kind, int):
+        return v.kind
+    if v.itemsize in _ITEM_DTYPE:
+        return _ITEM_DTYPE[v.itemsize]  # bytes are copied as they are
+    raise ValueError("%s: dtype %s (itemsize %d) is not supported" % (name, v.kind, v.itemsize))
+
+
+def _head_split(elems):
+    """A (num_kv_heads, head_size) factorization of a contiguous block, head_size <= 512."""
+    for d in range(min(512, elems), 0, -1):
+        if elems % d == 0:
+            return elems // d, d
+    return elems, 1
+
+
+def _opaque_cache(kptr, vptr, dtype, nb, stride, elems):
+    h, d = _head_split(elems)
+    c = L.pa_cache()
+    c.key, c.value = kptr, vptr
+    c.dtype = dtype
+    c.memory = L.PA_MEMORY_HOST
+    c.num_blocks, c.block_size, c.num_kv_heads, c.head_size = nb, 1, h, d
+    c.block_stride, c.token_stride, c.head_stride = stride, h * d, d
+    return c
+
+
+def _pool_cache(kv, vv, kname, vname):
+    """pa_cache treating each block of the two pools as opaque contiguous bytes."""
+    nb, ks, ke = _block_geometry(kv, kname)
+    nbv, vs, ve = _block_geometry(vv, vname)
+    kd, vd = _pool_dtype(kv, kname), _pool_dtype(vv, vname)
+    if kv.itemsize != vv.itemsize or nb != nbv or ke != ve or (nb > 1 and ks != vs):
+        raise ValueError("%s (shape %s, strides %s) and %s (shape %s, strides %s) must have the "
+                         "same geometry" % (kname, kv.shape, kv.strides, vname, vv.shape,
+                                            vv.strides))
+    return _opaque_cache(kv.ptr, vv.ptr, kd, nb, ks, ke)
+
+
+def _single_pool_cache(pv, name):
+    """pa_cache over one pool: key = first half of each block, value = second half."""
+    nb, st, e = _block_geometry(pv, name)
+    dt = _pool_dtype(pv, name)
+    if e % 2 == 0:
+        return _opaque_cache(pv.ptr, pv.ptr + (e // 2) * pv.itemsize, dt, nb, st, e // 2)
+    return None
+
+
+def _pairs(block_mapping, name="block_mapping"):
+    bm = A.to_np(block_mapping, np.int64, name)
+    if bm.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if bm.ndim != 2 or bm.shape[1] != 2:
+        raise ValueError("%s must be [num_pairs, 2] (src, dst), got shape %s" % (name, bm.shape))
+    return np.ascontiguousarray(bm)
+
+
+def copy_blocks(key_caches, value_caches, block_mapping, backend=None):
+    """Copies blocks inside every layer's caches, as vLLM's ``copy_blocks`` (copy-on-write).
+
+    Args:
+        key_caches, value_caches: lists (one entry per layer) of pools ``[num_blocks, ...]``
+            whose blocks are contiguous (flash layout ``[num_blocks, block_size, num_kv_heads,
+            head_size]``, vLLM's paged layouts, uint8 fp8 caches: blocks are copied as bytes).
+        block_mapping: int64 ``[num_pairs, 2]`` of (src, dst) block ids. A source may feed
+            several destinations; a destination appears once and is never a source.
+        backend: optional backend name whose context runs the copy.
+
+    Every id is validated against every layer before anything is copied.
+    """
+    if len(key_caches) != len(value_caches):
+        raise ValueError("key_caches has %d layers, value_caches %d"
+                         % (len(key_caches), len(value_caches)))
+    pairs = _pairs(block_mapping)
+    n = len(key_caches)
+    if n == 0:
+        return
+    arr = (L.pa_cache * n)()
+    for i, (kc, vc) in enumerate(zip(key_caches, value_caches)):
+        arr[i] = _pool_cache(A.view(kc, "key_caches[%d]" % i), A.view(vc, "value_caches[%d]" % i),
+                             "key_caches[%d]" % i, "value_caches[%d]" % i)
+    ctx = _ctx_for(backend)
+    p = A.ptr(pairs, ctypes.c_int64)
+    if ctx:
+        with ctx.lock:
+            L.check(L.lib.pa_cache_copy_blocks(ctx.handle, arr, n, p, pairs.shape[0]), "copy_blocks")
+    else:
+        L.check(L.lib.pa_cache_copy_blocks(None, arr, n, p, pairs.shape[0]), "copy_blocks")
+
+
+def swap_blocks(src, dst, block_mapping, backend=None):
+    """Copies whole blocks from one pool to another, as vLLM's ``swap_blocks``
+    (``dst[mapping[i, 1]] = src[mapping[i, 0]]``); call it once for keys and once for values.
+
+    Args:
+        src, dst: pools ``[num_blocks, ...]`` with the same block shape and dtype (their block
+            counts may differ) and contiguous blocks.
+        block_mapping: int64 ``[num_pairs, 2]`` of (src block, dst block); destinations distinct.
+        backend: optional backend name whose context runs the copy.
+    """
+    sv, dv = A.view(src, "src"), A.view(dst, "dst")
+    if sv.shape[1:] != dv.shape[1:] or sv.itemsize != dv.itemsize or sv.kind != dv.kind:
+        raise ValueError("src (shape %s, %s) and dst (shape %s, %s) must have the same block shape "
+                         "and dtype" % (sv.shape, sv.dtype_name(), dv.shape, dv.dtype_name()))
+    pairs = _pairs(block_mapping)
+    sc = _single_pool_cache(sv, "src")
+    dc = _single_pool_cache(dv, "dst")
+    if sc is None or dc is None:
+        raise ValueError("swap_blocks: blocks with an odd number of elements are not supported")
+    _swap(sc, dc, pairs, backend)
+
+
+def _swap(sc, dc, pairs, backend):
+    ctx = _ctx_for(backend)
+    p = A.ptr(pairs, ctypes.c_int64)
+    if ctx:
+        with ctx.lock:
+            L.check(L.lib.pa_cache_swap_blocks(ctx.handle, ctypes.byref(sc), ctypes.byref(dc), p,
+                                               pairs.shape[0]), "swap_blocks")
+    else:
+        L.check(L.lib.pa_cache_swap_blocks(None, ctypes.byref(sc), ctypes.byref(dc), p,
+                                           pairs.shape[0]), "swap_blocks")
+
+
+# ---- merge --------------------------------------------------------------------------------------
+
+def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
+                      backend=None):
+    """Merges two partial attentions over disjoint key sets by their LSEs, as vLLM's
+    ``merge_attn_states`` (in place into ``output``).
+
+    Args:
+        output: ``[num_tokens, num_heads, head_size]`` float32/float16/bfloat16 (written).
+        prefix_output, suffix_output: the partial outputs, same shape and dtype.
+        prefix_lse, suffix_lse: float32 ``[num_heads, num_tokens]`` natural-log LSEs; +inf is
+            treated as -inf (an empty part).
+        output_lse: optional float32 ``[num_heads, num_tokens]`` receiving the merged LSE.
+        backend: optional backend name whose context runs the merge.
+
+    Per (token, head): ``M = max(a, b)``, ``wa = exp(a - M)``, ``wb = exp(b - M)``,
+    ``out = (out_a * wa + out_b * wb) / (wa + wb)``, ``lse = M + log(wa + wb)``; both parts
+    empty gives out = 0 and lse = -inf.
+    """
+    ov = A.float_view(output, "output")
+    A.check_ndim(ov, "output", 3, "[num_tokens, num_heads, head_size]")
+    T, H, D = ov.shape
+    ins = []
+    for x, n in ((prefix_output, "prefix_output"), (suffix_output, "suffix_output")):
+        xv = A.float_view(x, n)
+        if xv.shape != ov.shape or xv.kind != ov.kind:
+            raise ValueError("%s must be %s %s like output; got %s %s"
+                             % (n, ov.shape, ov.dtype_name(), xv.shape, xv.dtype_name()))
+        if not xv.is_contiguous():
+            x = x.contiguous() if xv.torch else np.ascontiguousarray(x)
+            xv = A.view(x, n)
+        ins.append(xv)
+    lses = []
+    for x, n in ((prefix_lse, "prefix_lse"), (suffix_lse, "suffix_lse")):
+        xv = A.float_view(x, n, allowed=(L.PA_DTYPE_F32,))
+        if xv.shape != (H, T):
+            raise ValueError("%s must be [num_heads, num_tokens] = [%d, %d], got %s"
+                             % (n, H, T, xv.shape))
+        if not xv.is_contiguous():
+            x = x.contiguous() if xv.torch else np.ascontiguousarray(x)
+            xv = A.view(x, n)
+        lses.append(xv)
+    # output must be contiguous and must not alias an input: otherwise use a temporary
+    tmp_out = None
+    target = ov
+    aliased = any(_overlaps(ov, xv) for xv in ins)
+    if not ov.is_contiguous() or aliased:
+        tmp_out = np.empty((T, H, D), dtype=A.np_dtype(ov.kind))
+        target = A.view(tmp_out, "output")
+    tmp_lse = None
+    lse_target = None
+    if output_lse is not None:
+        lv = A.float_view(output_lse, "output_lse", allowed=(L.PA_DTYPE_F32,))
+        if lv.shape != (H, T):
+            raise ValueError("output_lse must be [num_heads, num_tokens] = [%d, %d], got %s"
+                             % (H, T, lv.shape))
+        if lv.is_contiguous() and not any(_overlaps(lv, x) for x in lses):
+            lse_target = lv
+        else:
+            tmp_lse = np.empty((H, T), dtype=np.float32)
+            lse_target = A.view(tmp_lse, "output_lse")
+    args = L.pa_merge_args()
+    args.num_tokens, args.num_heads, args.head_size, args.dtype = T, H, D, ov.kind
+    args.out_a, args.out_b, args.out = ins[0].ptr, ins[1].ptr, target.ptr
+    fp = ctypes.POINTER(ctypes.c_float)
+    args.lse_a = ctypes.cast(ctypes.c_void_p(lses[0].ptr), fp)
+    args.lse_b = ctypes.cast(ctypes.c_void_p(lses[1].ptr), fp)
+    if lse_target is not None:
+        args.out_lse = ctypes.cast(ctypes.c_void_p(lse_target.ptr), fp)
+    args.lse_token_stride, args.lse_head_stride = 1, T
+    if T == 0:
+        return output
+    ctx = _ctx_for(backend)
+    if ctx:
+        with ctx.lock:
+            L.check(L.lib.pa_merge_states(ctx.handle, ctypes.byref(args)), "merge_attn_states")
+    else:
+        L.check(L.lib.pa_merge_states(None, ctypes.byref(args)), "merge_attn_states")
+    if tmp_out is not None:
+        _attn.as_numpy(ov)[...] = tmp_out
+    if tmp_lse is not None:
+        _attn.as_numpy(A.view(output_lse, "output_lse"))[...] = tmp_lse
+    return output
+
+
+def _overlaps(a, b):
+    """Whether two Views' memory ranges overlap (conservative)."""
+    def extent(v):
+        lo = hi = 0
+        for dim, st in zip(v.shape, v.strides):
+            if dim == 0:
+                return (v.ptr, v.ptr)
+            span = (dim - 1) * st
+            if span < 0:
+                lo += span
+            else:
+                hi += span
+        return (v.ptr + lo * v.itemsize, v.ptr + (hi + 1) * v.itemsize)
+    a0, a1 = extent(a)
+    b0, b1 = extent(b)
+    return a0 < b1 and b0 < a1
