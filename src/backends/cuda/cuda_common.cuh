@@ -1,0 +1,230 @@
+/* cuda_common.cuh: what the cuda backend's .cu files share: dtype conversions on the device,
+ * error helpers, the context and plan structs, kernel parameter blocks and launchers.
+ * Unverified on hardware: see cuda_backend.h. */
+#ifndef PAGEDATTN_CUDA_COMMON_CUH
+#define PAGEDATTN_CUDA_COMMON_CUH
+
+#include "cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+/* Returns DEVICE_ERROR with the call and CUDA's reason when `call` fails. */
+#define PA_CU_TRY(call)                                                                       \
+    do {                                                                                      \
+        cudaError_t pa_cu_err_ = (call);                                                      \
+        if (pa_cu_err_ != cudaSuccess) {                                                      \
+            (void)cudaGetLastError();                                                         \
+            return pa__fail(PA_STATUS_DEVICE_ERROR, "cuda: %s failed: %s (%s)", #call,        \
+                            cudaGetErrorName(pa_cu_err_), cudaGetErrorString(pa_cu_err_));    \
+        }                                                                                     \
+    } while (0)
+
+/* After a kernel launch: launch-configuration errors surface here (no synchronization). */
+#define PA_CU_CHECK_LAUNCH(what)                                                              \
+    do {                                                                                      \
+        cudaError_t pa_cu_err_ = cudaGetLastError();                                          \
+        if (pa_cu_err_ != cudaSuccess)                                                        \
+            return pa__fail(PA_STATUS_DEVICE_ERROR, "cuda: launching %s failed: %s (%s)",     \
+                            (what), cudaGetErrorName(pa_cu_err_),                             \
+                            cudaGetErrorString(pa_cu_err_));                                  \
+    } while (0)
+
+/* ---- dtypes on the device ------------------------------------------------------------------ */
+
+/* fp8 -> f32, exact (the byte's value, not scaled). */
+__host__ __device__ static inline float pa_cu_e4m3_to_f32(uint8_t x)
+{
+    const uint32_t sign = (uint32_t)(x >> 7) << 31;
+    const uint32_t e = (x >> 3) & 15u, m = x & 7u;
+    float mag;
+    if (e == 15u && m == 7u) {
+        uint32_t bits = sign | 0x7fc00000u;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    if (e == 0u) {
+        mag = (float)m * 0.001953125f; /* m * 2^-9 */
+    } else {
+        uint32_t bits = ((e - 7u + 127u) << 23) | (m << 20);
+        memcpy(&mag, &bits, 4);
+    }
+    return sign ? -mag : mag;
+}
+__host__ __device__ static inline float pa_cu_e5m2_to_f32(uint8_t x)
+{
+    /* E5M2 is the upper byte of an IEEE binary16. */
+    return __half2float(__ushort_as_half((unsigned short)((unsigned)x << 8)));
+}
+
+/* Element i of a buffer of dtype `dt`, as f32 (fp8 unscaled). Branches are warp-uniform. */
+__device__ __forceinline__ float pa_cu_load(int dt, const void *base, int64_t i)
+{
+    switch (dt) {
+    case PA_DTYPE_F32: return ((const float *)base)[i];
+    case PA_DTYPE_F16: return __half2float(((const __half *)base)[i]);
+    case PA_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    case PA_DTYPE_FP8_E4M3: return pa_cu_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case PA_DTYPE_FP8_E5M2: return pa_cu_e5m2_to_f32(((const uint8_t *)base)[i]);
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+/* Stores f as element i, rounded once to nearest-even; fp8 saturates to the largest finite
+ * value (NaN stays NaN), as pa_f32_to_fp8e4m3/e5m2 do. */
+__device__ __forceinline__ void pa_cu_store(int dt, void *base, int64_t i, float f)
+{
+    switch (dt) {
+    case PA_DTYPE_F32: ((float *)base)[i] = f; break;
+    case PA_DTYPE_F16: ((__half *)base)[i] = __float2half_rn(f); break;
+    case PA_DTYPE_BF16: ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(f); break;
+    case PA_DTYPE_FP8_E4M3:
+        ((uint8_t *)base)[i] = (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+        break;
+    case PA_DTYPE_FP8_E5M2:
+        ((uint8_t *)base)[i] = (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2);
+        break;
+    default: break;
+    }
+}
+
+__host__ __device__ static inline bool pa_cu_is_fp8(int dt)
+{
+    return dt == PA_DTYPE_FP8_E4M3 || dt == PA_DTYPE_FP8_E5M2;
+}
+
+/* ---- context and plan ---------------------------------------------------------------------- */
+
+typedef struct pa_cu_ctx {
+    int device;
+    cudaStream_t stream;
+    bool own_stream;
+    int sm_count;
+    size_t smem_optin; /* the most dynamic shared memory one block may have */
+    /* Growable scratch for host arrays (slots, block pairs) that cache ops upload: a pageable
+     * host copy first (so the caller's array, pinned or not, is free on return), then a
+     * stream-ordered copy into device scratch. */
+    void *scratch_dev;
+    size_t scratch_dev_cap;
+    void *scratch_host;
+    size_t scratch_host_cap;
+} pa_cu_ctx;
+
+/* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
+ * (token, head-in-group) rows, KV split `split`; the KV head is blockIdx.y. */
+typedef struct pa_cu_item {
+    int32_t seq, row0, split, pad_;
+} pa_cu_item;
+
+/* One (token) row whose splits the combine kernel merges. */
+typedef struct pa_cu_comb {
+    int32_t seq, token; /* token: index within the sequence */
+} pa_cu_comb;
+
+typedef struct pa_cu_plan {
+    int device;
+    cudaStream_t stream;
+    int32_t num_heads, num_kv_heads, head_size, group;
+    pa_attn_type type;
+    int32_t num_seqs;
+    void *dmem; /* one allocation: every array below */
+    const int32_t *qstart;    /* [S+1] */
+    const int32_t *ctx_lens;  /* [S] query position offset (context_len) */
+    const int32_t *kv_lens;   /* [S] keys per sequence for this attention type */
+    const int32_t *nsplit;    /* [S] */
+    const int32_t *split_len; /* [S] */
+    const int64_t *part_base; /* [S] first partial row of the sequence (split sequences) */
+    const int32_t *tables;    /* [S * table_stride] or NULL (encoder types) */
+    int32_t table_stride;
+    const int64_t *slots; /* [num_slots] write slots (decoder: per token; enc-dec: per encoder
+                             token), or NULL */
+    int64_t num_slots;
+    const pa_cu_item *items;
+    int64_t num_items;
+    const pa_cu_comb *comb;
+    int64_t num_comb;
+    float *ws; /* partial results: acc [parts * head_size] then (m, l) [parts * 2] */
+    int64_t num_parts;
+    size_t smem_bytes;
+} pa_cu_plan;
+
+/* ---- attention kernel geometry ------------------------------------------------------------- */
+
+#define PA_CU_WARPS 4
+#define PA_CU_ROWS_PER_WARP 2
+#define PA_CU_TILE_ROWS (PA_CU_WARPS * PA_CU_ROWS_PER_WARP)
+#define PA_CU_KCHUNK 32
+#define PA_CU_MAXH 256 /* heads with per-head data (ALiBi, sinks, block-sparse) */
+/* Split rule for decode-like sequences (query_len <= PA_CU_SPLIT_MAX_Q): keys are split into
+ * pieces of PA_CU_SPLIT_KEYS (at most PA_CU_MAX_SPLITS pieces, longer pieces beyond), a
+ * function of the sequence's own lengths only, so results never depend on the batch. */
+#define PA_CU_SPLIT_MAX_Q 16
+#define PA_CU_SPLIT_KEYS 512
+#define PA_CU_MAX_SPLITS 64
+
+static inline size_t pa_cu_attn_smem(int head_size)
+{
+    return (size_t)(PA_CU_KCHUNK * (head_size + 1) + PA_CU_KCHUNK * head_size +
+                    PA_CU_TILE_ROWS * head_size) *
+           sizeof(float);
+}
+
+/* Everything the attention kernels read, by value (passed as a __grid_constant__ parameter, so
+ * a CUDA graph captures it and nothing is copied in forward). */
+typedef struct pa_cu_attn_params {
+    int32_t num_heads, num_kv_heads, head_size, group;
+    int32_t attn_type;
+    float scale, softcap;
+    int32_t window_left, window_right;
+    int32_t has_alibi, has_sinks;
+    int32_t bs_block, bs_local, bs_vert;
+    float k_scale, v_scale; /* 1 for non-fp8 caches */
+    int32_t q_dtype, kv_dtype, out_dtype, cache_dtype;
+    const void *q;
+    int64_t q_rs;
+    const void *k, *v; /* encoder types: the new K/V rows */
+    int64_t k_rs, v_rs;
+    const void *kc, *vc; /* cache pools */
+    int64_t c_block, c_token, c_head;
+    int32_t c_bs;
+    void *out;
+    int64_t out_rs;
+    float *lse;
+    int64_t lse_ts, lse_hs;
+    const int32_t *qstart, *ctx_lens, *kv_lens, *tables;
+    int32_t table_stride;
+    const int32_t *nsplit, *split_len;
+    const int64_t *part_base;
+    const pa_cu_item *items;
+    const pa_cu_comb *comb;
+    float *ws_acc, *ws_ml;
+    float alibi[PA_CU_MAXH];
+    float sinks[PA_CU_MAXH];
+    int32_t bs_off[PA_CU_MAXH];
+} pa_cu_attn_params;
+
+/* Launchers (cuda_attn.cu). */
+pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx);
+pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
+                            const pa_cu_attn_params *p);
+
+/* Launchers (cuda_ops.cu). slots/pairs are device arrays. */
+pa_status pa_cu_launch_cache_write(cudaStream_t stream, const pa_cache *c, int src_dtype,
+                                   const void *key, int64_t k_rs, const void *value, int64_t v_rs,
+                                   const int64_t *slots_dev, int64_t n, float k_scale,
+                                   float v_scale);
+/* Copies block pairs[2p] of `src` pool to block pairs[2p+1] of `dst` pool, element by element
+ * through both caches' strides (same dtype and block geometry). Both pools on the device. */
+pa_status pa_cu_launch_block_copy(cudaStream_t stream, const pa_cache *src, const void *src_pool,
+                                  const pa_cache *dst, void *dst_pool, const int64_t *pairs_dev,
+                                  int64_t num_pairs);
+pa_status pa_cu_launch_merge(cudaStream_t stream, const pa_merge_args *a, int64_t lse_ts,
+                             int64_t lse_hs);
+
+#endif

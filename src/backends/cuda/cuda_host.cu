@@ -1,0 +1,657 @@
+/* cuda_host.cu: the host side of the cuda backend: availability, contexts (device + stream),
+ * plans (batch metadata and work lists uploaded once per step, workspace allocated once), the
+ * forward launch sequence and the cache ops. UNVERIFIED ON HARDWARE.
+ *
+ * Forward only launches kernels on the context's stream: no allocation, no copy from the host,
+ * no synchronization, so an engine can capture a step in a CUDA graph (per-layer data such as
+ * ALiBi slopes and sinks travel in the kernel's parameter block).
+ */
+#include "cuda_common.cuh"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- availability and info --------------------------------------------------------------- */
+
+static void put_reason(char *reason, size_t size, const char *fmt, const char *a, const char *b)
+{
+    if (reason && size) snprintf(reason, size, fmt, a, b);
+}
+
+bool pa__cuda_available(char *reason, size_t reason_size)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        put_reason(reason, reason_size, "cudaGetDeviceCount failed: %s (%s)",
+                   cudaGetErrorName(e), cudaGetErrorString(e));
+        return false;
+    }
+    if (n <= 0) {
+        put_reason(reason, reason_size, "%s%s", "no CUDA device present", "");
+        return false;
+    }
+    return true;
+}
+
+static pthread_once_t g_info_once = PTHREAD_ONCE_INIT;
+static char g_info[768];
+
+static void make_info(void)
+{
+    int n = 0, rt = 0, drv = 0;
+    (void)cudaRuntimeGetVersion(&rt);
+    (void)cudaDriverGetVersion(&drv);
+    int len = snprintf(g_info, sizeof g_info,
+                       "cuda: UNVERIFIED ON HARDWARE (written and compiled without a GPU; run "
+                       "src/backends/cuda/devcheck.sh on one)\n"
+                       "cuda: runtime %d.%d, driver %d.%d, kernels for sm_80 and sm_90, simple "
+                       "SIMT fp32 kernels (no tensor cores yet)\n",
+                       rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        snprintf(g_info + len, sizeof g_info - (size_t)len, "cuda: no device: %s\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device present");
+        return;
+    }
+    for (int d = 0; d < n && len < (int)sizeof g_info - 1; d++) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        len += snprintf(g_info + len, sizeof g_info - (size_t)len,
+                        "cuda: device %d: %s, sm_%d%d, %d SMs, %.1f GiB\n", d, prop.name,
+                        prop.major, prop.minor, prop.multiProcessorCount,
+                        (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    }
+}
+
+const char *pa__cuda_info(void)
+{
+    pthread_once(&g_info_once, make_info);
+    return g_info;
+}
+
+/* ---- supports ------------------------------------------------------------------------------ */
+
+pa_status pa__cuda_supports(const struct pa_layer *L)
+{
+    const pa_layer_config *c = &L->cfg;
+    if (c->head_size < 1 || c->head_size > 512)
+        return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: head_size %d (supported: 1..512)",
+                        c->head_size);
+    if ((L->alibi || L->sinks || c->blocksparse.block_size > 0) && c->num_heads > PA_CU_MAXH)
+        return pa__fail(PA_STATUS_UNSUPPORTED,
+                        "cuda: num_heads %d with ALiBi, sinks or block-sparse (per-head data for "
+                        "at most %d heads travels in the kernel parameters)",
+                        c->num_heads, PA_CU_MAXH);
+    if (c->num_kv_heads > 65535)
+        return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: num_kv_heads %d > 65535",
+                        c->num_kv_heads);
+    if (!pa__dtype_is_float(c->q_dtype) || !pa__dtype_is_float(c->kv_dtype) ||
+        !pa__dtype_is_float(c->out_dtype) || !pa__dtype_valid(c->cache_dtype))
+        return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: dtype combination");
+    return PA_STATUS_OK;
+}
+
+/* ---- contexts ------------------------------------------------------------------------------ */
+
+pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
+{
+    char why[256];
+    if (!pa__cuda_available(why, sizeof why))
+        return pa__fail(PA_STATUS_UNAVAILABLE, "cuda: %s", why);
+    int n = 0;
+    PA_CU_TRY(cudaGetDeviceCount(&n));
+    const int dev = opt ? opt->device : 0;
+    if (dev < 0 || dev >= n)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "options->device: %d, but %d CUDA device(s) present", dev, n);
+    PA_CU_TRY(cudaSetDevice(dev));
+    cudaDeviceProp prop;
+    PA_CU_TRY(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major < 8)
+        return pa__fail(PA_STATUS_UNAVAILABLE,
+                        "cuda: device %d (%s) is sm_%d%d; this build has kernels for sm_80 and "
+                        "sm_90 (and sm_80 code runs on newer 8.x/9.x devices)",
+                        dev, prop.name, prop.major, prop.minor);
+    pa_cu_ctx *ctx = (pa_cu_ctx *)pa__calloc(1, sizeof *ctx);
+    if (!ctx) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cuda: context");
+    ctx->device = dev;
+    ctx->sm_count = prop.multiProcessorCount;
+    ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    if (opt && opt->stream) {
+        ctx->stream = (cudaStream_t)opt->stream;
+        ctx->own_stream = false;
+    } else {
+        cudaError_t e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            pa__free(ctx);
+            return pa__fail(PA_STATUS_DEVICE_ERROR, "cuda: cudaStreamCreate failed: %s",
+                            cudaGetErrorString(e));
+        }
+        ctx->own_stream = true;
+    }
+    pa_status st = pa_cu_attn_prepare(ctx);
+    if (st != PA_STATUS_OK) {
+        pa__cuda_context_destroy(ctx);
+        return st;
+    }
+    *impl = ctx;
+    return PA_STATUS_OK;
+}
+
+void pa__cuda_context_destroy(void *impl)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    if (!ctx) return;
+    (void)cudaSetDevice(ctx->device);
+    (void)cudaStreamSynchronize(ctx->stream);
+    if (ctx->scratch_dev) (void)cudaFree(ctx->scratch_dev);
+    if (ctx->own_stream) (void)cudaStreamDestroy(ctx->stream);
+    (void)cudaGetLastError();
+    pa__free(ctx->scratch_host);
+    pa__free(ctx);
+}
+
+pa_status pa__cuda_synchronize(void *impl)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    PA_CU_TRY(cudaStreamSynchronize(ctx->stream));
+    return PA_STATUS_OK;
+}
+
+/* Copies `bytes` of a host array into device scratch, stream-ordered (a pageable host copy
+ * first, so the caller's array is free to change on return). */
+static pa_status upload_scratch(pa_cu_ctx *ctx, const void *host, size_t bytes, void **dev)
+{
+    if (bytes > ctx->scratch_dev_cap) {
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        if (ctx->scratch_dev) {
+            PA_CU_TRY(cudaStreamSynchronize(ctx->stream)); /* earlier kernels may read it */
+            PA_CU_TRY(cudaFree(ctx->scratch_dev));
+            ctx->scratch_dev = NULL;
+            ctx->scratch_dev_cap = 0;
+        }
+        PA_CU_TRY(cudaMalloc(&ctx->scratch_dev, cap));
+        ctx->scratch_dev_cap = cap;
+    }
+    if (bytes > ctx->scratch_host_cap) {
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        void *p = pa__alloc(cap);
+        if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cuda: %zu bytes of scratch", cap);
+        pa__free(ctx->scratch_host);
+        ctx->scratch_host = p;
+        ctx->scratch_host_cap = cap;
+    }
+    memcpy(ctx->scratch_host, host, bytes);
+    PA_CU_TRY(cudaMemcpyAsync(ctx->scratch_dev, ctx->scratch_host, bytes, cudaMemcpyHostToDevice,
+                              ctx->stream));
+    *dev = ctx->scratch_dev;
+    return PA_STATUS_OK;
+}
+
+/* ---- plans --------------------------------------------------------------------------------- */
+
+/* The split rule: a function of the sequence's own lengths only. */
+static void split_rule(int64_t qlen, int64_t kv_len, int32_t *ns, int32_t *sl)
+{
+    if (qlen > PA_CU_SPLIT_MAX_Q || kv_len <= 2 * PA_CU_SPLIT_KEYS) {
+        *ns = 1;
+        *sl = 0;
+        return;
+    }
+    int64_t len = PA_CU_SPLIT_KEYS;
+    int64_t n = (kv_len + len - 1) / len;
+    if (n > PA_CU_MAX_SPLITS) {
+        len = (kv_len + PA_CU_MAX_SPLITS - 1) / PA_CU_MAX_SPLITS;
+        len = (len + PA_CU_KCHUNK - 1) / PA_CU_KCHUNK * PA_CU_KCHUNK;
+        n = (kv_len + len - 1) / len;
+    }
+    *ns = (int32_t)n;
+    *sl = (int32_t)len;
+}
+
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+void pa__cuda_plan_destroy(void *plan)
+{
+    pa_cu_plan *p = (pa_cu_plan *)plan;
+    if (!p) return;
+    (void)cudaSetDevice(p->device);
+    (void)cudaStreamSynchronize(p->stream); /* kernels of this plan may still run */
+    if (p->dmem) (void)cudaFree(p->dmem);
+    if (p->ws) (void)cudaFree(p->ws);
+    (void)cudaGetLastError();
+    pa__free(p);
+}
+
+pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
+                               const struct pa_batch *batch, void **out)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    const pa_layer_config *c = &layer->cfg;
+    const pa_batch_metadata *md = &batch->md;
+    const pa_attn_type type = c->attn_type;
+    const int32_t S = md->num_seqs, G = layer->group, H = c->num_heads, D = c->head_size;
+
+    const size_t smem = pa_cu_attn_smem(D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128
+                                        : D <= 192 ? 192 : D <= 256 ? 256 : 512);
+    if (smem > ctx->smem_optin)
+        return pa__fail(PA_STATUS_UNSUPPORTED,
+                        "cuda: head_size %d needs %zu bytes of shared memory per block; this "
+                        "device allows %zu",
+                        D, smem, ctx->smem_optin);
+
+    /* Host-side arrays, sized first. */
+    int32_t table_stride = 0;
+    const int32_t *tables = NULL;
+    const int64_t *slots = NULL;
+    int64_t num_slots = 0;
+    if (type == PA_ATTN_DECODER) {
+        table_stride = md->max_blocks_per_seq;
+        tables = md->block_tables;
+        slots = md->slot_mapping;
+        num_slots = md->num_tokens;
+    } else if (type == PA_ATTN_ENCODER_DECODER) {
+        table_stride = md->max_cross_blocks_per_seq;
+        tables = md->cross_block_tables;
+        slots = md->cross_slot_mapping;
+        num_slots = md->num_encoder_tokens;
+    }
+    if (!tables) table_stride = 0;
+    if (!slots) num_slots = 0;
+
+    int64_t num_items = 0, num_comb = 0, num_parts = 0;
+    int32_t *nsplit = (int32_t *)pa__calloc((size_t)S * 2, sizeof(int32_t));
+    int64_t *kvl = (int64_t *)pa__calloc((size_t)S, sizeof(int64_t));
+    if (!nsplit || !kvl) {
+        pa__free(nsplit);
+        pa__free(kvl);
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cuda: plan");
+    }
+    int32_t *split_len = nsplit + S;
+    for (int32_t s = 0; s < S; s++) {
+        const int64_t q = md->query_lens[s];
+        kvl[s] = pa__kv_len(batch, type, s);
+        split_rule(q, kvl[s], &nsplit[s], &split_len[s]);
+        const int64_t tiles = (q * G + PA_CU_TILE_ROWS - 1) / PA_CU_TILE_ROWS;
+        num_items += tiles * nsplit[s];
+        if (nsplit[s] > 1) {
+            num_comb += q;
+            num_parts += q * H * nsplit[s];
+        }
+    }
+
+    size_t off = 0;
+    const size_t o_qstart = off; off = align16(off + (size_t)(S + 1) * 4);
+    const size_t o_ctx = off; off = align16(off + (size_t)S * 4);
+    const size_t o_kvl = off; off = align16(off + (size_t)S * 4);
+    const size_t o_ns = off; off = align16(off + (size_t)S * 4);
+    const size_t o_sl = off; off = align16(off + (size_t)S * 4);
+    const size_t o_pb = off; off = align16(off + (size_t)S * 8);
+    const size_t o_tab = off; off = align16(off + (size_t)S * (size_t)table_stride * 4);
+    const size_t o_slots = off; off = align16(off + (size_t)num_slots * 8);
+    const size_t o_items = off; off = align16(off + (size_t)num_items * sizeof(pa_cu_item));
+    const size_t o_comb = off; off = align16(off + (size_t)num_comb * sizeof(pa_cu_comb));
+    const size_t total = off;
+
+    pa_cu_plan *p = (pa_cu_plan *)pa__calloc(1, sizeof *p);
+    unsigned char *h = (unsigned char *)pa__alloc(total);
+    if (!p || !h) {
+        pa__free(p);
+        pa__free(h);
+        pa__free(nsplit);
+        pa__free(kvl);
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cuda: plan (%zu bytes)", total);
+    }
+    memcpy(h + o_qstart, md->query_start_loc, (size_t)(S + 1) * 4);
+    int32_t *hctx = (int32_t *)(h + o_ctx), *hkvl = (int32_t *)(h + o_kvl);
+    int64_t *hpb = (int64_t *)(h + o_pb);
+    int64_t pb = 0;
+    for (int32_t s = 0; s < S; s++) {
+        hctx[s] = md->context_lens[s];
+        hkvl[s] = (int32_t)kvl[s];
+        hpb[s] = pb; /* in partial rows: (token, head, split) */
+        if (nsplit[s] > 1) pb += (int64_t)md->query_lens[s] * H * nsplit[s];
+    }
+    memcpy(h + o_ns, nsplit, (size_t)S * 4);
+    memcpy(h + o_sl, split_len, (size_t)S * 4);
+    if (table_stride) memcpy(h + o_tab, tables, (size_t)S * (size_t)table_stride * 4);
+    if (num_slots) memcpy(h + o_slots, slots, (size_t)num_slots * 8);
+    pa_cu_item *items = (pa_cu_item *)(h + o_items);
+    pa_cu_comb *comb = (pa_cu_comb *)(h + o_comb);
+    int64_t ni = 0, nc = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int64_t q = md->query_lens[s];
+        for (int64_t r = 0; r < q * G; r += PA_CU_TILE_ROWS)
+            for (int32_t sp = 0; sp < nsplit[s]; sp++) {
+                items[ni].seq = s;
+                items[ni].row0 = (int32_t)r;
+                items[ni].split = sp;
+                items[ni].pad_ = 0;
+                ni++;
+            }
+        if (nsplit[s] > 1)
+            for (int64_t t = 0; t < q; t++) {
+                comb[nc].seq = s;
+                comb[nc].token = (int32_t)t;
+                nc++;
+            }
+    }
+    /* partial row of (token t, head h, split) = part_base[s] + (t * H + h) * nsplit + split */
+    const int64_t parts_total = num_parts;
+    pa__free(nsplit);
+    pa__free(kvl);
+
+    p->device = ctx->device;
+    p->stream = ctx->stream;
+    p->num_heads = H;
+    p->num_kv_heads = c->num_kv_heads;
+    p->head_size = D;
+    p->group = G;
+    p->type = type;
+    p->num_seqs = S;
+    p->num_items = num_items;
+    p->num_comb = num_comb;
+    p->num_parts = parts_total;
+    p->num_slots = num_slots;
+    p->table_stride = table_stride;
+    p->smem_bytes = pa_cu_attn_smem(D);
+
+    cudaError_t e = cudaSetDevice(ctx->device);
+    if (e == cudaSuccess) e = cudaMalloc(&p->dmem, total);
+    if (e == cudaSuccess && parts_total > 0)
+        e = cudaMalloc((void **)&p->ws, (size_t)parts_total * (size_t)(D + 2) * sizeof(float));
+    /* Synchronous copy: the plan is complete on the device when this returns, and the host
+     * buffer can go. */
+    if (e == cudaSuccess) e = cudaMemcpy(p->dmem, h, total, cudaMemcpyHostToDevice);
+    pa__free(h);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        pa__cuda_plan_destroy(p);
+        return pa__fail(PA_STATUS_DEVICE_ERROR, "cuda: plan upload failed: %s",
+                        cudaGetErrorString(e));
+    }
+    unsigned char *d = (unsigned char *)p->dmem;
+    p->qstart = (const int32_t *)(d + o_qstart);
+    p->ctx_lens = (const int32_t *)(d + o_ctx);
+    p->kv_lens = (const int32_t *)(d + o_kvl);
+    p->nsplit = (const int32_t *)(d + o_ns);
+    p->split_len = (const int32_t *)(d + o_sl);
+    p->part_base = (const int64_t *)(d + o_pb);
+    p->tables = table_stride ? (const int32_t *)(d + o_tab) : NULL;
+    p->slots = num_slots ? (const int64_t *)(d + o_slots) : NULL;
+    p->items = (const pa_cu_item *)(d + o_items);
+    p->comb = (const pa_cu_comb *)(d + o_comb);
+    *out = p;
+    return PA_STATUS_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    const struct pa_layer *L = f->layer;
+    const pa_layer_config *c = &L->cfg;
+    const pa_forward_args *a = f->args;
+    pa_cu_plan *p = (pa_cu_plan *)plan;
+    bool temp = false;
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    if (!p) { /* the core normally passes a plan; a temporary one allocates (documented) */
+        void *tp = NULL;
+        pa_status st = pa__cuda_plan_create(impl, L, f->batch, &tp);
+        if (st != PA_STATUS_OK) return st;
+        p = (pa_cu_plan *)tp;
+        temp = true;
+    }
+    pa_status st = PA_STATUS_OK;
+
+    const bool cached = c->attn_type == PA_ATTN_DECODER || c->attn_type == PA_ATTN_ENCODER_DECODER;
+    const float ks = pa__dtype_is_fp8(c->cache_dtype) ? c->k_scale : 1.f;
+    const float vs = pa__dtype_is_fp8(c->cache_dtype) ? c->v_scale : 1.f;
+
+    /* 1. New K/V into the (cross) cache. */
+    if (f->write_kv && cached && a->cache && p->slots) {
+        st = pa_cu_launch_cache_write(ctx->stream, a->cache, (int)c->kv_dtype, a->k, a->k_row_stride,
+                                      a->v, a->v_row_stride, p->slots, p->num_slots, ks, vs);
+        if (st != PA_STATUS_OK) goto done;
+    }
+
+    /* 2. Attention. */
+    {
+        pa_cu_attn_params P;
+        memset(&P, 0, sizeof P);
+        P.num_heads = c->num_heads;
+        P.num_kv_heads = c->num_kv_heads;
+        P.head_size = c->head_size;
+        P.group = L->group;
+        P.attn_type = (int32_t)c->attn_type;
+        P.scale = c->scale;
+        P.softcap = c->logits_soft_cap;
+        P.window_left = c->window_left;
+        P.window_right = c->window_right;
+        P.has_alibi = L->alibi != NULL;
+        P.has_sinks = L->sinks != NULL;
+        P.bs_block = c->blocksparse.block_size;
+        P.bs_local = c->blocksparse.local_blocks;
+        P.bs_vert = c->blocksparse.vert_stride > 0 ? c->blocksparse.vert_stride : 1;
+        P.k_scale = ks;
+        P.v_scale = vs;
+        P.q_dtype = (int32_t)c->q_dtype;
+        P.kv_dtype = (int32_t)c->kv_dtype;
+        P.out_dtype = (int32_t)c->out_dtype;
+        P.cache_dtype = (int32_t)c->cache_dtype;
+        P.q = a->q;
+        P.q_rs = a->q_row_stride;
+        P.k = a->k;
+        P.v = a->v;
+        P.k_rs = a->k_row_stride;
+        P.v_rs = a->v_row_stride;
+        if (cached && a->cache) {
+            P.kc = a->cache->key;
+            P.vc = a->cache->value;
+            P.c_block = a->cache->block_stride;
+            P.c_token = a->cache->token_stride;
+            P.c_head = a->cache->head_stride;
+            P.c_bs = a->cache->block_size;
+        } else {
+            P.c_bs = 1;
+        }
+        P.out = a->out;
+        P.out_rs = a->out_row_stride;
+        P.lse = a->lse;
+        P.lse_ts = a->lse_token_stride;
+        P.lse_hs = a->lse_head_stride;
+        P.qstart = p->qstart;
+        P.ctx_lens = p->ctx_lens;
+        P.kv_lens = p->kv_lens;
+        P.tables = p->tables;
+        P.table_stride = p->table_stride;
+        P.nsplit = p->nsplit;
+        P.split_len = p->split_len;
+        P.part_base = p->part_base;
+        P.items = p->items;
+        P.comb = p->comb;
+        P.ws_acc = p->ws;
+        P.ws_ml = p->ws ? p->ws + (size_t)p->num_parts * (size_t)c->head_size : NULL;
+        const int nh = c->num_heads < PA_CU_MAXH ? c->num_heads : PA_CU_MAXH;
+        for (int h = 0; h < nh; h++) {
+            if (L->alibi) P.alibi[h] = L->alibi[h];
+            if (L->sinks) P.sinks[h] = L->sinks[h];
+            if (L->bs_offset) P.bs_off[h] = L->bs_offset[h];
+        }
+        if (cached && !P.tables) {
+            /* Every sequence has zero keys here (no table rows): the kernel never reads one. */
+            P.c_bs = P.c_bs > 0 ? P.c_bs : 1;
+        }
+        st = pa_cu_attn_launch(ctx, p, &P);
+    }
+
+done:
+    if (temp) pa__cuda_plan_destroy(p);
+    return st;
+}
+
+/* ---- cache ops ----------------------------------------------------------------------------- */
+
+pa_status pa__cuda_cache_write(void *impl, const pa_cache *c, pa_dtype src_dtype, const void *key,
+                               int64_t k_row_stride, const void *value, int64_t v_row_stride,
+                               const int64_t *slots, int64_t n, float k_scale, float v_scale)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    if (n <= 0) return PA_STATUS_OK;
+    if (c->memory != PA_MEMORY_CUDA)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "cache: the cuda backend writes device pools only (memory %d)",
+                        (int)c->memory);
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    const int64_t hd = (int64_t)c->num_kv_heads * c->head_size;
+    if (k_row_stride == 0) k_row_stride = hd;
+    if (v_row_stride == 0) v_row_stride = hd;
+    void *dslots = NULL;
+    pa_status st = upload_scratch(ctx, slots, (size_t)n * sizeof(int64_t), &dslots);
+    if (st != PA_STATUS_OK) return st;
+    const bool fp8 = pa__dtype_is_fp8(c->dtype);
+    return pa_cu_launch_cache_write(ctx->stream, c, (int)src_dtype, key, k_row_stride, value,
+                                    v_row_stride, (const int64_t *)dslots, n,
+                                    fp8 ? k_scale : 1.f, fp8 ? v_scale : 1.f);
+}
+
+pa_status pa__cuda_copy_blocks(void *impl, const pa_cache *caches, int32_t num_layers,
+                               const int64_t *pairs, int64_t num_pairs)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    if (num_pairs <= 0 || num_layers <= 0) return PA_STATUS_OK;
+    for (int32_t l = 0; l < num_layers; l++)
+        if (caches[l].memory != PA_MEMORY_CUDA)
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                            "caches[%d]: the cuda backend copies blocks of device pools only",
+                            (int)l);
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    void *dpairs = NULL;
+    pa_status st = upload_scratch(ctx, pairs, (size_t)num_pairs * 2 * sizeof(int64_t), &dpairs);
+    if (st != PA_STATUS_OK) return st;
+    for (int32_t l = 0; l < num_layers; l++) {
+        const pa_cache *c = &caches[l];
+        st = pa_cu_launch_block_copy(ctx->stream, c, c->key, c, c->key, (const int64_t *)dpairs,
+                                     num_pairs);
+        if (st != PA_STATUS_OK) return st;
+        st = pa_cu_launch_block_copy(ctx->stream, c, c->value, c, c->value,
+                                     (const int64_t *)dpairs, num_pairs);
+        if (st != PA_STATUS_OK) return st;
+    }
+    return PA_STATUS_OK;
+}
+
+/* One pool's blocks between host and device (or device and device through cudaMemcpy2D):
+ * per block, per token, the num_kv_heads rows of head_size elements, heads head_stride apart.
+ * Whole blocks go in one 2D copy when both sides store a block's (token, head) rows at one
+ * pitch. */
+static pa_status swap_pool(pa_cu_ctx *ctx, const pa_cache *src, const void *sp, const pa_cache *dst,
+                           void *dp, const int64_t *pairs, int64_t num_pairs, cudaMemcpyKind kind)
+{
+    const size_t es = pa_dtype_size(src->dtype);
+    const int32_t bs = src->block_size, H = src->num_kv_heads, D = src->head_size;
+    const size_t width = (size_t)D * es;
+    /* Rows r = t * H + h at pitch head_stride when token_stride == H * head_stride (NHD-like);
+     * rows r = h * bs + t at pitch token_stride when head_stride == bs * token_stride (HND). */
+    const bool nhd_s = src->token_stride == (int64_t)H * src->head_stride;
+    const bool nhd_d = dst->token_stride == (int64_t)H * dst->head_stride;
+    const bool hnd_s = src->head_stride == (int64_t)bs * src->token_stride;
+    const bool hnd_d = dst->head_stride == (int64_t)bs * dst->token_stride;
+    for (int64_t p = 0; p < num_pairs; p++) {
+        const unsigned char *sb = (const unsigned char *)sp + (size_t)(pairs[2 * p] * src->block_stride) * es;
+        unsigned char *db = (unsigned char *)dp + (size_t)(pairs[2 * p + 1] * dst->block_stride) * es;
+        if (nhd_s && nhd_d) {
+            PA_CU_TRY(cudaMemcpy2DAsync(db, (size_t)dst->head_stride * es, sb,
+                                        (size_t)src->head_stride * es, width, (size_t)bs * H, kind,
+                                        ctx->stream));
+        } else if (hnd_s && hnd_d) {
+            PA_CU_TRY(cudaMemcpy2DAsync(db, (size_t)dst->token_stride * es, sb,
+                                        (size_t)src->token_stride * es, width, (size_t)bs * H, kind,
+                                        ctx->stream));
+        } else {
+            for (int32_t t = 0; t < bs; t++)
+                PA_CU_TRY(cudaMemcpy2DAsync(db + (size_t)(t * dst->token_stride) * es,
+                                            (size_t)dst->head_stride * es,
+                                            sb + (size_t)(t * src->token_stride) * es,
+                                            (size_t)src->head_stride * es, width, (size_t)H, kind,
+                                            ctx->stream));
+        }
+    }
+    return PA_STATUS_OK;
+}
+
+pa_status pa__cuda_swap_blocks(void *impl, const pa_cache *src, const pa_cache *dst,
+                               const int64_t *pairs, int64_t num_pairs)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    if (num_pairs <= 0) return PA_STATUS_OK;
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    const bool sdev = src->memory == PA_MEMORY_CUDA, ddev = dst->memory == PA_MEMORY_CUDA;
+    if (!sdev && !ddev) {
+        /* Host to host: wait for queued device work that may still read or fill these pools. */
+        PA_CU_TRY(cudaStreamSynchronize(ctx->stream));
+        pa__cache_swap_blocks_host(src, dst, pairs, num_pairs);
+        return PA_STATUS_OK;
+    }
+    if (sdev && ddev) {
+        void *dpairs = NULL;
+        pa_status st =
+            upload_scratch(ctx, pairs, (size_t)num_pairs * 2 * sizeof(int64_t), &dpairs);
+        if (st != PA_STATUS_OK) return st;
+        st = pa_cu_launch_block_copy(ctx->stream, src, src->key, dst, dst->key,
+                                     (const int64_t *)dpairs, num_pairs);
+        if (st != PA_STATUS_OK) return st;
+        return pa_cu_launch_block_copy(ctx->stream, src, src->value, dst, dst->value,
+                                       (const int64_t *)dpairs, num_pairs);
+    }
+    const cudaMemcpyKind kind = sdev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    pa_status st = swap_pool(ctx, src, src->key, dst, dst->key, pairs, num_pairs, kind);
+    if (st != PA_STATUS_OK) return st;
+    return swap_pool(ctx, src, src->value, dst, dst->value, pairs, num_pairs, kind);
+}
+
+pa_status pa__cuda_merge_states(void *impl, const pa_merge_args *a)
+{
+    pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
+    PA_CU_TRY(cudaSetDevice(ctx->device));
+    int64_t ts = a->lse_token_stride, hs = a->lse_head_stride;
+    if (ts == 0 && hs == 0) {
+        ts = a->num_heads;
+        hs = 1;
+    }
+    return pa_cu_launch_merge(ctx->stream, a, ts, hs);
+}
+
+/* ---- test hooks ---------------------------------------------------------------------------- */
+
+static int t_malloc(void **ptr, size_t size) { return (int)cudaMalloc(ptr, size); }
+static int t_free(void *ptr) { return (int)cudaFree(ptr); }
+static int t_memcpy(void *dst, const void *src, size_t size, int kind)
+{
+    const cudaMemcpyKind k = kind == 0   ? cudaMemcpyHostToDevice
+                             : kind == 1 ? cudaMemcpyDeviceToHost
+                                         : cudaMemcpyDeviceToDevice;
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(dst, src, size, k);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return (int)e;
+}
+static int t_memset(void *ptr, int value, size_t size)
+{
+    cudaError_t e = cudaMemset(ptr, value, size);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return (int)e;
+}
+static const pa__cuda_test_hooks g_hooks = {t_malloc, t_free, t_memcpy, t_memset};
+
+const pa__cuda_test_hooks *pa__cuda_testing(void) { return &g_hooks; }
