@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# devcheck.sh: the cuda backend's first contact with a GPU, in one go (sized for ~8 minutes on
+# an H100/H200 with 16 cores). Run from the repository root:
+#     bash src/backends/cuda/devcheck.sh            (logs under ${OUT:-build-devcheck/logs})
+# Steps: configure + build with PAGEDATTN_CUDA=ON (Release, sm_80;90, tests + CLI), print
+# `pagedattn info`, run test_cuda_ops and the CUDA case grid, compute-sanitizer memcheck and
+# racecheck on the ops test and on a filtered slice of the grid, then `pagedattn bench --backend
+# cuda`. Each step is time-boxed; a failed step is reported and the script goes on; the summary
+# table comes last. Exit status: number of failed steps.
+set -u
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+cd "$ROOT"
+BUILD=${BUILD:-build-devcheck}
+LOGS=${OUT:-$BUILD/logs}
+mkdir -p "$LOGS"
+JOBS=$(nproc 2>/dev/null || echo 4)
+export PATH="/usr/local/cuda/bin:$PATH"
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+declare -a SUMMARY
+FAILS=0
+
+step() { # step NAME TIMEOUT_S CMD...
+    local name=$1 limit=$2; shift 2
+    local t0=$(date +%s)
+    echo "=== $name (limit ${limit}s): $*"
+    timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$? t=$(( $(date +%s) - t0 ))
+    tail -n 25 "$LOGS/$name.log"
+    local verdict=ok
+    if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; FAILS=$((FAILS + 1)); fi
+    [ $rc -eq 124 ] && verdict="TIMEOUT"
+    SUMMARY+=("$(printf '%-22s %-12s %5ss' "$name" "$verdict" "$t")")
+    return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv >"$LOGS/gpu.txt" 2>&1
+cat "$LOGS/gpu.txt"
+
+step configure 120 cmake -S . -B "$BUILD" -DPAGEDATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+    -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_TOOLS=ON || true
+step build 300 cmake --build "$BUILD" -j"$JOBS" || true
+
+CLI="$BUILD/tools/pagedattn"
+[ -x "$CLI" ] || CLI=$(find "$BUILD" -maxdepth 3 -type f -name pagedattn -perm -u+x | head -1)
+T="$BUILD/tests"
+
+[ -n "$CLI" ] && step info 30 "$CLI" info
+step ops 60 "$T/test_cuda_ops"
+# The grid: the whole of it (every feature and dtype) against the reference.
+step grid 240 "$T/test_cuda_grid"
+# Grid under the other backends too, as a baseline that the harness itself is sound here.
+step grid_reference 120 "$T/test_grid_reference" || true
+
+if [ -n "$SAN" ]; then
+    step memcheck_ops 90 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_ops"
+    step racecheck_ops 90 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_ops"
+    # A slice of the grid (sanitizers are ~10-100x slower): decoder cases only.
+    step memcheck_grid 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decoder"
+    step racecheck_grid 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decoder"
+else
+    echo "compute-sanitizer not found: sanitizer steps skipped"
+    SUMMARY+=("compute-sanitizer      SKIP(not found)")
+fi
+
+[ -n "$CLI" ] && step bench 120 "$CLI" bench --backend cuda
+
+echo
+echo "=== devcheck summary (logs in $LOGS)"
+printf '%s\n' "${SUMMARY[@]}"
+exit $FAILS
