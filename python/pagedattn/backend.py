@@ -199,6 +199,9 @@ class PagedAttnMetadata:
                                 slot_mapping=np.full(sum(s["query_len"] for s in seqs), -1,
                                                      np.int64))
                 else:
+                    if not num_cross_blocks and self.cross_block_tables is not None:
+                        # vLLM's cross caches have the same number of blocks as the self caches
+                        num_cross_blocks = num_blocks
                     b = C.Batch(self.block_size, num_blocks, self._seqs,
                                 num_cross_blocks=num_cross_blocks,
                                 slot_mapping=self._slot_mapping,

@@ -1,0 +1,30 @@
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pagedattn  # noqa: E402
+
+BACKENDS = pagedattn.available_backends()
+
+
+def pytest_report_header(config):
+    return "pagedattn %s from %s; backends here: %s" % (
+        pagedattn.version(), pagedattn.LIBRARY_PATH, ", ".join(BACKENDS))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def rng(request):
+    # a per-test seed, stable across runs
+    seed = abs(hash(request.node.nodeid)) % (2 ** 32)
+    import zlib
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng(seed)

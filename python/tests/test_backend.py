@@ -1,0 +1,257 @@
+"""vLLM's backend layer: metadata builder + AttentionImpl.forward flows (decoder, encoder,
+encoder_only, encoder/decoder cross-attention), against the oracle."""
+
+import math
+
+import numpy as np
+import pytest
+
+import oracle as O
+import pagedattn as pa
+from util import DTYPES, randn, tables
+
+
+def _kv_cache(be, nb, bs, hkv, d, dtype, fp8=False):
+    shape = be.get_kv_cache_shape(nb, bs, hkv, d)
+    if fp8:
+        return np.full(shape, 0x7F, np.uint8)
+    return np.full(shape, np.nan, np.float32).astype(dtype)
+
+
+def _ref_decoder_step(q, cache, tabs, ctx_lens, q_lens, kind, ks, vs, **kw):
+    out = []
+    s = 0
+    for i, (c, n) in enumerate(zip(ctx_lens, q_lens)):
+        K = O.gather(cache[0], tabs[i], c + n, kind, ks)
+        V = O.gather(cache[1], tabs[i], c + n, kind, vs)
+        o, _ = O.attention(q[s:s + n], K, V, c + np.arange(n), **kw)
+        out.append(o)
+        s += n
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_decoder_prefill_then_decode(backend, rng, dtype, kv_cache_dtype):
+    """Step 1: prefill (one full, one chunk of a longer prompt); step 2: chunk + decodes."""
+    be = pa.get_attn_backend(backend)
+    assert be.get_name() == backend
+    dt = DTYPES[dtype]
+    H, Hkv, D, bs, nb = 8, 2, 64, 16, 24
+    scale = 1 / math.sqrt(D)
+    ks, vs = (0.1, 0.3) if kv_cache_dtype == "fp8" else (1.0, 1.0)
+    Impl = be.get_impl_cls()
+    impl = Impl(H, D, scale, num_kv_heads=Hkv, kv_cache_dtype=kv_cache_dtype)
+    cache = _kv_cache(be, nb, bs, Hkv, D, dt, kv_cache_dtype != "auto")
+    final = [30, 50, 3]
+    tabs = tables(rng, final, bs, nb)
+    builder = be.make_metadata_builder(bs)
+    for ctx_lens, q_lens in (([0, 0, 0], [30, 20, 2]), ([30, 20, 2], [0, 30, 1])):
+        live = [i for i in range(3) if q_lens[i] > 0]
+        cl = [ctx_lens[i] for i in live]
+        ql = [q_lens[i] for i in live]
+        md = builder.build(seq_lens=[c + n for c, n in zip(cl, ql)], query_lens=ql,
+                           block_tables=[tabs[i] for i in live])
+        T = sum(ql)
+        q = randn(rng, (T, H * D), dt)
+        k = randn(rng, (T, Hkv * D), dt)
+        v = randn(rng, (T, Hkv * D), dt)
+        out = impl.forward(q, k, v, cache, md, k_scale=ks, v_scale=vs)
+        assert out.shape == (T, H * D) and out.dtype == dt
+        ref = _ref_decoder_step(q.reshape(T, H, D), cache, [tabs[i] for i in live], cl, ql,
+                                kv_cache_dtype, ks, vs, scale=scale)
+        tol = {} if kv_cache_dtype == "auto" else dict(atol=3e-2, rtol=3e-2)
+        O.assert_close(out.reshape(T, H, D), ref, dt, **tol)
+        # the new K/V are in the cache, exactly (or as fp8 of x / scale)
+        s = 0
+        for i, c, n in zip(live, cl, ql):
+            pos = c + np.arange(n)
+            got = cache[0][tabs[i][pos // bs], pos % bs]
+            want = k[s:s + n].reshape(n, Hkv, D)
+            if kv_cache_dtype == "auto":
+                np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                              np.asarray(want, np.float32))
+            else:
+                np.testing.assert_array_equal(got, O.fp8_encode(want.astype(np.float32), "fp8",
+                                                                ks))
+            s += n
+    assert md.num_prefills == 1 and md.num_decode_tokens == 1
+
+
+@pytest.mark.parametrize("feature", ["sliding_window", "alibi", "softcap", "sinks"])
+def test_decoder_features(backend, rng, feature):
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, nb = 4, 4, 32, 8, 20
+    dt = np.dtype(np.float16)
+    kw, rkw = {}, {"scale": 0.2}
+    if feature == "sliding_window":
+        kw["sliding_window"] = 6
+        rkw["window"] = (5, 0)
+    if feature == "alibi":
+        kw["alibi_slopes"] = rkw["alibi"] = O.alibi_slopes(H)
+    if feature == "softcap":
+        kw["logits_soft_cap"] = rkw["softcap"] = 4.0
+    if feature == "sinks":
+        kw["sinks"] = rkw["sinks"] = rng.standard_normal(H).astype(np.float32)
+    impl = be.get_impl_cls()(H, D, 0.2, Hkv, **kw)
+    cache = _kv_cache(be, nb, bs, Hkv, D, dt)
+    cl, ql = [0, 21, 40], [17, 5, 1]
+    tabs = tables(rng, [c + n for c, n in zip(cl, ql)], bs, nb)
+    # existing context
+    for i, c in enumerate(cl):
+        pos = np.arange(c)
+        cache[0][tabs[i][pos // bs], pos % bs] = randn(rng, (c, Hkv, D), dt)
+        cache[1][tabs[i][pos // bs], pos % bs] = randn(rng, (c, Hkv, D), dt)
+    md = be.make_metadata(seq_lens=[c + n for c, n in zip(cl, ql)], context_lens=cl,
+                          block_tables=tabs, block_size=bs)
+    T = sum(ql)
+    q, k, v = (randn(rng, (T, h * D), dt) for h in (H, Hkv, Hkv))
+    out = impl.forward(q, k, v, cache, md)
+    ref = _ref_decoder_step(q.reshape(T, H, D), cache, tabs, cl, ql, "auto", 1, 1, **rkw)
+    O.assert_close(out.reshape(T, H, D), ref, dt)
+
+
+@pytest.mark.parametrize("homo", ["per_head", "homo_head", "homo_head_group"])
+def test_decoder_blocksparse(rng, homo):
+    """vLLM's block-sparse pattern (local + vertical stride), prefill and decode."""
+    backend = "reference"  # block sparsity is a reference-backend feature at least
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, nb = 4, 2, 32, 16, 30
+    dt = np.dtype(np.float32)
+    sparse_bs, local, vert = 16, 2, 3
+    params = dict(max_seqlen=512, num_heads=H, num_kv_heads=Hkv, block_size=sparse_bs,
+                  local_blocks=local, vert_stride=vert, homo_head=homo == "homo_head",
+                  homo_head_group=homo == "homo_head_group")
+    impl = be.get_impl_cls()(H, D, D ** -0.5, Hkv, blocksparse_params=params)
+    offs = O.blocksparse_offsets(H, Hkv, vert, homo_head=homo == "homo_head",
+                                 homo_head_group=homo == "homo_head_group")
+    cache = _kv_cache(be, nb, bs, Hkv, D, dt)
+    cl, ql = [0, 100], [120, 1]
+    tabs = tables(rng, [c + n for c, n in zip(cl, ql)], bs, nb)
+    pos = np.arange(100)
+    cache[0][tabs[1][pos // bs], pos % bs] = randn(rng, (100, Hkv, D), dt)
+    cache[1][tabs[1][pos // bs], pos % bs] = randn(rng, (100, Hkv, D), dt)
+    md = be.make_metadata(seq_lens=[120, 101], query_lens=ql, block_tables=tabs, block_size=bs)
+    T = sum(ql)
+    q, k, v = (randn(rng, (T, h * D), dt) for h in (H, Hkv, Hkv))
+    out = impl.forward(q, k, v, cache, md)
+    ref = _ref_decoder_step(q.reshape(T, H, D), cache, tabs, cl, ql, "auto", 1, 1,
+                            scale=D ** -0.5, blocksparse=(sparse_bs, local, vert, offs))
+    O.assert_close(out.reshape(T, H, D), ref, dt)
+
+
+def test_encoder_only(backend, rng):
+    """BERT-style bidirectional attention over the step's own tokens (no cache)."""
+    be = pa.get_attn_backend(backend)
+    H, D = 4, 32
+    impl = be.get_impl_cls()(H, D, D ** -0.5, attn_type="encoder_only")
+    lens = [9, 1, 14]
+    md = be.make_metadata(seq_lens=lens, block_size=16)
+    T = sum(lens)
+    q, k, v = (randn(rng, (T, H * D), np.float32) for _ in range(3))
+    out = impl.forward(q, k, v, None, md)
+    s = 0
+    for n in lens:
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), k[s:s + n].reshape(n, H, D),
+                            v[s:s + n].reshape(n, H, D), np.arange(n), scale=D ** -0.5,
+                            causal=False)
+        O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
+        s += n
+
+
+def test_encoder_decoder_model_flow(backend, rng):
+    """An encoder-decoder model: encoder self-attention over encoder tokens; decoder
+    self-attention; cross-attention writing the encoder K/V at prefill and reading them (key =
+    value = None) at decode."""
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, nb = 4, 2, 32, 8, 16
+    dt = np.dtype(np.float16)
+    Impl = be.get_impl_cls()
+    enc = Impl(H, D, D ** -0.5, Hkv, attn_type="encoder")
+    dec = Impl(H, D, D ** -0.5, Hkv, attn_type="decoder")
+    cross = Impl(H, D, D ** -0.5, Hkv, attn_type="encoder_decoder")
+    enc_lens = [11, 5]
+    dec_lens = [1, 1]  # decoder starts with one token
+    self_tabs = tables(rng, [4, 4], bs, nb)
+    cross_tabs = [t + 0 for t in tables(rng, enc_lens, bs, nb)]
+    self_cache = _kv_cache(be, nb, bs, Hkv, D, dt)
+    cross_cache = _kv_cache(be, nb, bs, Hkv, D, dt)
+    md = be.make_metadata(seq_lens=dec_lens, query_lens=dec_lens, block_tables=self_tabs,
+                          encoder_seq_lens=enc_lens, cross_block_tables=cross_tabs,
+                          block_size=bs, num_prefills=2)
+    # encoder self-attention over the encoder tokens
+    Te = sum(enc_lens)
+    qe, ke, ve = (randn(rng, (Te, h * D), dt) for h in (H, Hkv, Hkv))
+    oe = enc.forward(qe, ke, ve, None, md)
+    s = 0
+    for n in enc_lens:
+        ro, _ = O.attention(qe[s:s + n].reshape(n, H, D), ke[s:s + n].reshape(n, Hkv, D),
+                            ve[s:s + n].reshape(n, Hkv, D), np.arange(n), scale=D ** -0.5,
+                            causal=False)
+        O.assert_close(oe[s:s + n].reshape(n, H, D), ro, dt)
+        s += n
+    # decoder self-attention (prefill of one token each)
+    Td = sum(dec_lens)
+    qd, kd, vd = (randn(rng, (Td, h * D), dt) for h in (H, Hkv, Hkv))
+    od = dec.forward(qd, kd, vd, self_cache, md)
+    O.assert_close(od.reshape(Td, H, D), vd.reshape(Td, Hkv, D).repeat(H // Hkv, axis=1), dt)
+    # cross-attention, prefill: encoder K/V written into the cross cache
+    kx, vx = randn(rng, (Te, Hkv * D), dt), randn(rng, (Te, Hkv * D), dt)
+    oc = cross.forward(qd, kx, vx, cross_cache, md)
+
+    def ref_cross(q):
+        outs, s = [], 0
+        for i, n in enumerate(enc_lens):
+            K = O.gather(cross_cache[0], cross_tabs[i], n)
+            V = O.gather(cross_cache[1], cross_tabs[i], n)
+            ro, _ = O.attention(q[i:i + 1].reshape(1, H, D), K, V, [0], scale=D ** -0.5,
+                                causal=False)
+            outs.append(ro)
+            s += n
+        return np.concatenate(outs)
+
+    s = 0
+    for i, n in enumerate(enc_lens):
+        K = O.gather(cross_cache[0], cross_tabs[i], n)
+        np.testing.assert_array_equal(np.asarray(K, np.float32),
+                                      kx[s:s + n].reshape(n, Hkv, D).astype(np.float32))
+        s += n
+    O.assert_close(oc.reshape(Td, H, D), ref_cross(qd), dt)
+    # decode step: one more decoder token, cross K/V read from the cache (key = value = None)
+    md2 = be.make_metadata(seq_lens=[2, 2], query_lens=[1, 1], block_tables=self_tabs,
+                           encoder_seq_lens=enc_lens, cross_block_tables=cross_tabs,
+                           block_size=bs)
+    assert md2.num_prefills == 0
+    q2 = randn(rng, (2, H * D), dt)
+    snapshot = cross_cache.copy()
+    oc2 = cross.forward(q2, None, None, cross_cache, md2)
+    np.testing.assert_array_equal(cross_cache.view(np.uint16), snapshot.view(np.uint16))
+    O.assert_close(oc2.reshape(2, H, D), ref_cross(q2), dt)
+
+
+def test_metadata_fields():
+    be = pa.get_attn_backend("reference")
+    md = be.make_metadata(seq_lens=[5, 9, 4], query_lens=[5, 1, 1],
+                          block_tables=[[3, 2], [0, 1, 5], [7]], block_size=4)
+    assert md.num_prefills == 1
+    assert md.num_prefill_tokens == 5 and md.num_decode_tokens == 2
+    assert md.query_start_loc.tolist() == [0, 5, 6, 7]
+    assert md.seq_start_loc.tolist() == [0, 5, 14, 18]
+    assert md.context_lens_tensor.tolist() == [0, 8, 3]
+    assert md.block_tables.tolist() == [[3, 2, 0], [0, 1, 5], [7, 0, 0]]
+    assert md.slot_mapping.tolist() == [12, 13, 14, 15, 8, 20, 31]
+    assert md.max_decode_seq_len == 9 and md.max_prefill_seq_len == 5
+    assert md.decode_metadata.num_seqs == 2 and md.prefill_metadata.num_seqs == 1
+
+
+def test_threads_and_backends():
+    names = pa.available_backends()
+    assert "reference" in names
+    n0 = pa.get_num_threads()
+    assert n0 >= 1
+    pa.set_num_threads(1)
+    assert pa.get_num_threads() == 1 or "cpu" not in names
+    pa.set_num_threads(n0)
+    assert pa.get_num_threads() == n0
+    b = pa.get_attn_backend()
+    assert b.get_name() in names

@@ -1,0 +1,136 @@
+"""reshape_and_cache_flash, copy_blocks, swap_blocks: exact results (vLLM test_cache.py)."""
+
+import numpy as np
+import pytest
+
+import oracle as O
+import pagedattn as pa
+from util import DTYPES, randn
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_reshape_and_cache_flash(rng, dtype, layout):
+    dt = DTYPES[dtype]
+    T, H, D, nb, bs = 42, 4, 80, 10, 16
+    key = randn(rng, (T, H, D), dt)
+    value = randn(rng, (T, H, D), dt)
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    slots[3] = -1  # padding token: skipped
+    if layout == "NHD":
+        kc = np.full((nb, bs, H, D), np.nan, np.float32).astype(dt)
+        vc = kc.copy()
+        kview, vview = kc, vc
+    else:  # HND storage viewed as [nb, bs, H, D]
+        kc = np.full((nb, H, bs, D), np.nan, np.float32).astype(dt)
+        vc = kc.copy()
+        kview, vview = kc.transpose(0, 2, 1, 3), vc.transpose(0, 2, 1, 3)
+    before_k = kview.copy()
+    pa.reshape_and_cache_flash(key, value, kview, vview, slots)
+    expect_k = before_k.copy()
+    expect_v = before_k.copy()
+    for i, s in enumerate(slots):
+        if s < 0:
+            continue
+        expect_k[s // bs, s % bs] = key[i]
+        expect_v[s // bs, s % bs] = value[i]
+    np.testing.assert_array_equal(kview.view(np.uint8) if dt == np.float32 else kview.astype(np.float32),
+                                  expect_k.view(np.uint8) if dt == np.float32 else expect_k.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(vview, np.float32), np.asarray(expect_v, np.float32))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_reshape_and_cache_flash_fp8(rng, kv_cache_dtype, dtype):
+    dt = DTYPES[dtype]
+    T, H, D, nb, bs = 20, 2, 64, 4, 8
+    key = randn(rng, (T, H, D), dt, scale=3.0)
+    value = randn(rng, (T, H, D), dt, scale=3.0)
+    with np.errstate(over="ignore"):  # saturation (inf for float16)
+        key[0, 0, :4] = np.array([1e6, -1e6, 0.0, -0.0], np.float32).astype(dt)
+    k_scale, v_scale = 0.03, 2.5
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    kc = np.zeros((nb, bs, H, D), np.uint8)
+    vc = np.zeros((nb, bs, H, D), np.uint8)
+    pa.reshape_and_cache_flash(key, value, kc, vc, slots, kv_cache_dtype, k_scale, v_scale)
+    ek = O.fp8_encode(key.astype(np.float32), kv_cache_dtype, k_scale)
+    ev = O.fp8_encode(value.astype(np.float32), kv_cache_dtype, v_scale)
+    np.testing.assert_array_equal(kc[slots // bs, slots % bs], ek)
+    np.testing.assert_array_equal(vc[slots // bs, slots % bs], ev)
+
+
+def test_reshape_and_cache_flash_strided_rows(rng):
+    """key/value as views of a fused QKV buffer (row stride > heads * head_size)."""
+    T, H, D, nb, bs = 6, 2, 8, 3, 4
+    qkv = randn(rng, (T, 3 * H * D), np.float32)
+    key = qkv[:, H * D:2 * H * D].reshape(T, H, D)
+    value = qkv[:, 2 * H * D:].reshape(T, H, D)
+    kc = np.zeros((nb, bs, H, D), np.float32)
+    vc = np.zeros((nb, bs, H, D), np.float32)
+    slots = np.arange(T, dtype=np.int64) * 2
+    pa.reshape_and_cache_flash(key, value, kc, vc, slots)
+    np.testing.assert_array_equal(kc[slots // bs, slots % bs], key)
+    np.testing.assert_array_equal(vc[slots // bs, slots % bs], value)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "uint8"])
+@pytest.mark.parametrize("layout", ["flash", "paged"])
+def test_copy_blocks(rng, dtype, layout):
+    nb, bs, H, D, layers = 12, 16, 2, 32, 3
+    if layout == "flash":
+        shp_k = shp_v = (nb, bs, H, D)
+    else:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
+        x = 8
+        shp_k, shp_v = (nb, H, D // x, bs, x), (nb, H, D, bs)
+    if dtype == "uint8":
+        mk = lambda s: rng.integers(0, 256, s).astype(np.uint8)  # noqa: E731
+    else:
+        mk = lambda s: randn(rng, s, DTYPES[dtype])  # noqa: E731
+    kcs = [mk(shp_k) for _ in range(layers)]
+    vcs = [mk(shp_v) for _ in range(layers)]
+    src = rng.permutation(nb)
+    mapping = np.array([[src[0], src[1]], [src[0], src[2]], [src[3], src[4]]], np.int64)
+    ek = [c.copy() for c in kcs]
+    ev = [c.copy() for c in vcs]
+    for s, d in mapping:
+        for e in ek + ev:
+            e[d] = e[s]
+    pa.copy_blocks(kcs, vcs, mapping)
+    for a, b in zip(kcs + vcs, ek + ev):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "uint8"])
+def test_swap_blocks(rng, dtype):
+    nb_src, nb_dst, bs, H, D = 6, 9, 8, 2, 16
+    if dtype == "uint8":
+        src = rng.integers(0, 256, (nb_src, bs, H, D)).astype(np.uint8)
+        dst = np.zeros((nb_dst, bs, H, D), np.uint8)
+    else:
+        src = randn(rng, (nb_src, bs, H, D), DTYPES[dtype])
+        dst = np.zeros((nb_dst, bs, H, D), DTYPES[dtype])
+    mapping = np.array([[0, 8], [5, 1], [2, 2]], np.int64)
+    expect = dst.copy()
+    for s, d in mapping:
+        expect[d] = src[s]
+    pa.swap_blocks(src, dst, mapping)
+    np.testing.assert_array_equal(dst.view(np.uint8), expect.view(np.uint8))
+
+
+def test_backend_swap_and_copy_blocks(backend, rng):
+    be = pa.get_attn_backend(backend)
+    shape = be.get_kv_cache_shape(5, 4, 2, 8)
+    assert shape == (2, 5, 4, 2, 8)
+    a = randn(rng, shape, np.float16)
+    b = np.zeros((2, 7, 4, 2, 8), np.float16)
+    be.swap_blocks(a, b, np.array([[1, 6], [4, 0]]))
+    np.testing.assert_array_equal(b[:, 6], a[:, 1])
+    np.testing.assert_array_equal(b[:, 0], a[:, 4])
+    assert (b[:, 1:6] == 0).all()
+    caches = [randn(rng, shape, np.float32) for _ in range(2)]
+    expect = [c.copy() for c in caches]
+    for e in expect:
+        e[:, 3] = e[:, 0]
+    be.copy_blocks(caches, np.array([[0, 3]]))
+    for c, e in zip(caches, expect):
+        np.testing.assert_array_equal(c, e)

@@ -1,0 +1,272 @@
+"""flash_attn_varlen_func and flash_attn_with_kvcache against the numpy oracle."""
+
+import math
+
+import numpy as np
+import pytest
+
+import oracle as O
+import pagedattn as pa
+from util import DTYPES, fill_cache, nan_cache, pad_tables, randn, ref_paged, tables
+
+
+def _case(rng, qlens, klens, H, Hkv, D, bs, dtype, kv_cache_dtype="auto", k_scale=1.0,
+          v_scale=1.0, distinct=True, extra_blocks=3):
+    need = sum(-(-k // bs) for k in klens)
+    nb = need + extra_blocks
+    fp8 = kv_cache_dtype != "auto"
+    kc = nan_cache(nb, bs, Hkv, D, dtype, fp8)
+    vc = nan_cache(nb, bs, Hkv, D, dtype, fp8)
+    tabs = tables(rng, klens, bs, nb, distinct=distinct)
+    fill_cache(rng, kc, vc, tabs, klens, dtype, kv_cache_dtype, k_scale, v_scale)
+    cu_q = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+    q = randn(rng, (int(cu_q[-1]), H, D), dtype)
+    return q, kc, vc, tabs, cu_q
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("geom", [(4, 4, 64, 16), (8, 2, 80, 8), (6, 1, 32, 5)])
+def test_varlen_paged_prefill_chunked_decode(backend, rng, dtype, geom):
+    """Mixed batch: full prefill, chunked/prefix prefill, decodes (vLLM test_varlen_with_paged_kv)."""
+    H, Hkv, D, bs = geom
+    dt = DTYPES[dtype]
+    qlens = [13, 7, 1, 1, 5]
+    klens = [13, 40, 33, 1, 5 + 2 * bs]
+    q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt)
+    scale = 1.0 / math.sqrt(D)
+    out, lse = pa.flash_attn_varlen_func(
+        q, kc, vc, max(qlens), cu_q, max(klens), seqused_k=np.array(klens, np.int32),
+        causal=True, block_table=pad_tables(tabs), return_softmax_lse=True, backend=backend)
+    ro, rl = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=scale)
+    assert out.dtype == dt and out.shape == q.shape
+    O.assert_close(out, ro, dt)
+    O.lse_close(lse, rl)
+
+
+@pytest.mark.parametrize("feature", ["window", "softcap", "alibi", "sinks", "all"])
+def test_varlen_paged_features(backend, rng, feature):
+    H, Hkv, D, bs = 4, 2, 64, 16
+    dt = np.dtype(np.float16)
+    qlens = [20, 1, 9]
+    klens = [20, 70, 50]
+    q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt, distinct=False)
+    kw = {}
+    ref_kw = {}
+    if feature in ("window", "all"):
+        kw["window_size"] = (10, 0)
+        ref_kw["window"] = (10, 0)
+    if feature in ("softcap", "all"):
+        kw["softcap"] = 5.0
+        ref_kw["softcap"] = 5.0
+    if feature in ("alibi", "all"):
+        kw["alibi_slopes"] = ref_kw["alibi"] = O.alibi_slopes(H)
+    if feature in ("sinks", "all"):
+        kw["s_aux"] = ref_kw["sinks"] = rng.standard_normal(H).astype(np.float32)
+    scale = 0.11
+    out, lse = pa.flash_attn_varlen_func(
+        q, kc, vc, max(qlens), cu_q, max(klens), seqused_k=np.array(klens, np.int32),
+        softmax_scale=scale, causal=True, block_table=pad_tables(tabs), return_softmax_lse=True,
+        backend=backend, **kw)
+    ro, rl = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=scale, **ref_kw)
+    O.assert_close(out, ro, dt)
+    O.lse_close(lse, rl, atol=2e-3)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_varlen_paged_fp8_scales(backend, rng, kv_cache_dtype, dtype):
+    H, Hkv, D, bs = 4, 4, 64, 16
+    dt = DTYPES[dtype]
+    k_scale, v_scale = 0.05, 0.2
+    qlens = [9, 1, 1]
+    klens = [9, 37, 16]
+    q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt, kv_cache_dtype,
+                                  k_scale, v_scale)
+    out = pa.flash_attn_varlen_func(
+        q, kc, vc, max(qlens), cu_q, max(klens), seqused_k=np.array(klens, np.int32),
+        causal=True, block_table=pad_tables(tabs), kv_cache_dtype=kv_cache_dtype,
+        k_scale=k_scale, v_scale=v_scale, backend=backend)
+    ro, _ = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=D ** -0.5,
+                      kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale)
+    O.assert_close(out, ro, dt)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("feature", ["plain", "window", "alibi", "softcap"])
+def test_varlen_packed(backend, rng, causal, feature):
+    """No block table: packed k/v indexed by cu_seqlens_k (FlashAttention's varlen test)."""
+    H, Hkv, D = 4, 2, 32
+    dt = np.dtype(np.float32)
+    qlens = [7, 12, 3, 1]
+    klens = [7, 20, 3, 9]
+    cu_q = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(klens)]).astype(np.int32)
+    q = randn(rng, (cu_q[-1], H, D), dt)
+    k = randn(rng, (cu_k[-1], Hkv, D), dt)
+    v = randn(rng, (cu_k[-1], Hkv, D), dt)
+    kw, rkw = {}, {}
+    if feature == "window":
+        kw["window_size"] = rkw["window"] = (4, 2)
+    if feature == "alibi":
+        slopes = (rng.random((len(qlens), H)) * 0.3).astype(np.float32)  # per-batch slopes
+        kw["alibi_slopes"] = slopes
+    if feature == "softcap":
+        kw["softcap"] = rkw["softcap"] = 3.0
+    out, lse = pa.flash_attn_varlen_func(q, k, v, max(qlens), cu_q, max(klens), cu_k,
+                                         causal=causal, return_softmax_lse=True,
+                                         backend=backend, **kw)
+    for i in range(len(qlens)):
+        a, b = cu_q[i], cu_q[i + 1]
+        ka, kb = cu_k[i], cu_k[i + 1]
+        pos = klens[i] - qlens[i] + np.arange(qlens[i])
+        if feature == "alibi":
+            rkw["alibi"] = slopes[i]
+        ro, rl = O.attention(q[a:b], k[ka:kb], v[ka:kb], pos, scale=D ** -0.5, causal=causal,
+                             **rkw)
+        O.assert_close(out[a:b], ro, dt, "seq %d" % i)
+        O.lse_close(lse[:, a:b], rl.T)
+
+
+def test_varlen_packed_self_attention_noncausal_window_alibi(backend, rng):
+    """cu_seqlens_q == cu_seqlens_k: bidirectional window + symmetric ALiBi (encoder style)."""
+    H, D = 4, 16
+    lens = [5, 11, 1]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q = randn(rng, (cu[-1], H, D), np.float32)
+    k = randn(rng, (cu[-1], H, D), np.float32)
+    v = randn(rng, (cu[-1], H, D), np.float32)
+    sl = O.alibi_slopes(H)
+    out = pa.flash_attn_varlen_func(q, k, v, 11, cu, 11, cu, causal=False, window_size=(3, 2),
+                                    alibi_slopes=sl, backend=backend)
+    for i in range(len(lens)):
+        a, b = cu[i], cu[i + 1]
+        ro, _ = O.attention(q[a:b], k[a:b], v[a:b], np.arange(lens[i]), scale=D ** -0.5,
+                            causal=False, window=(3, 2), alibi=sl)
+        O.assert_close(out[a:b], ro, np.float32)
+
+
+def test_varlen_causal_more_queries_than_keys(backend, rng):
+    """Bottom-right causal with seqlen_q > seqlen_k: the first rows see nothing (0, lse -inf)."""
+    H, D = 2, 16
+    qlens, klens = [6, 3], [4, 3]
+    cu_q = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(klens)]).astype(np.int32)
+    q = randn(rng, (cu_q[-1], H, D), np.float32)
+    k = randn(rng, (cu_k[-1], H, D), np.float32)
+    v = randn(rng, (cu_k[-1], H, D), np.float32)
+    out, lse = pa.flash_attn_varlen_func(q, k, v, 6, cu_q, 4, cu_k, causal=True,
+                                         return_softmax_lse=True, backend=backend)
+    assert (out[:2] == 0).all() and np.isneginf(lse[:, :2]).all()
+    for i in range(2):
+        a, b = cu_q[i], cu_q[i + 1]
+        ro, rl = O.attention(q[a:b], k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]],
+                             klens[i] - qlens[i] + np.arange(qlens[i]), scale=D ** -0.5)
+        O.assert_close(out[a:b], ro, np.float32)
+        O.lse_close(lse[:, a:b], rl.T)
+
+
+@pytest.mark.parametrize("paged", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_with_kvcache_decode(backend, rng, paged, dtype):
+    """vLLM test_flash_attn_with_paged_kv: one query per sequence over a paged cache."""
+    H, Hkv, D, bs = 8, 2, 128, 16
+    dt = DTYPES[dtype]
+    klens = [1, 17, 64, 100]
+    B = len(klens)
+    if paged:
+        nb = sum(-(-k // bs) for k in klens) + 2
+        kc = nan_cache(nb, bs, Hkv, D, dt)
+        vc = nan_cache(nb, bs, Hkv, D, dt)
+        tabs = tables(rng, klens, bs, nb)
+        bt = pad_tables(tabs)
+    else:
+        cap = 128
+        kc = nan_cache(B, cap, Hkv, D, dt)
+        vc = nan_cache(B, cap, Hkv, D, dt)
+        tabs = [np.array([b], np.int32) for b in range(B)]
+        bt = None
+    fill_cache(rng, kc, vc, tabs, klens, dt)
+    q = randn(rng, (B, 1, H, D), dt)
+    out, lse = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array(klens, np.int32),
+                                          block_table=bt, causal=True, softcap=0.0,
+                                          return_softmax_lse=True, backend=backend)
+    assert out.shape == q.shape and lse.shape == (B, H, 1)
+    for b in range(B):
+        K = O.gather(kc, tabs[b], klens[b])
+        V = O.gather(vc, tabs[b], klens[b])
+        ro, rl = O.attention(q[b], K, V, [klens[b] - 1], scale=D ** -0.5)
+        O.assert_close(out[b], ro, dt)
+        O.lse_close(lse[b], rl.T, atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_with_kvcache_append(backend, rng, causal):
+    """New k/v appended at cache_seqlens, then attended (speculative decode / chunk)."""
+    H, Hkv, D, bs = 4, 2, 64, 8
+    dt = np.dtype(np.float32)
+    old = [5, 0, 19]
+    snew = 3
+    B = len(old)
+    nb = 12
+    kc = nan_cache(nb, bs, Hkv, D, dt)
+    vc = nan_cache(nb, bs, Hkv, D, dt)
+    tabs = tables(rng, [o + snew for o in old], bs, nb)
+    fill_cache(rng, kc, vc, tabs, old, dt)
+    bt = pad_tables(tabs)
+    q = randn(rng, (B, snew, H, D), dt)
+    kn = randn(rng, (B, snew, Hkv, D), dt)
+    vn = randn(rng, (B, snew, Hkv, D), dt)
+    out = pa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=np.array(old, np.int32),
+                                     block_table=bt, causal=causal, backend=backend)
+    for b in range(B):
+        n = old[b] + snew
+        K = O.gather(kc, tabs[b], n)
+        V = O.gather(vc, tabs[b], n)
+        np.testing.assert_array_equal(K[old[b]:], kn[b])   # written exactly
+        np.testing.assert_array_equal(V[old[b]:], vn[b])
+        ro, _ = O.attention(q[b], K, V, n - snew + np.arange(snew), scale=D ** -0.5,
+                            causal=causal)
+        O.assert_close(out[b], ro, dt)
+
+
+def test_with_kvcache_window_alibi_sinks_fp8(backend, rng):
+    H, Hkv, D, bs = 4, 4, 32, 16
+    dt = np.dtype(np.float16)
+    klens = [40, 3]
+    nb = 8
+    kc = nan_cache(nb, bs, Hkv, D, dt, fp8=True)
+    vc = nan_cache(nb, bs, Hkv, D, dt, fp8=True)
+    tabs = tables(rng, klens, bs, nb)
+    fill_cache(rng, kc, vc, tabs, klens, dt, "fp8_e4m3", 0.5, 0.25)
+    q = randn(rng, (2, 1, H, D), dt)
+    sl = O.alibi_slopes(H)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    out = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array(klens, np.int32),
+                                     block_table=pad_tables(tabs), causal=True,
+                                     window_size=(7, 0), alibi_slopes=sl, s_aux=sinks,
+                                     kv_cache_dtype="fp8_e4m3", k_scale=0.5, v_scale=0.25,
+                                     backend=backend)
+    for b in range(2):
+        K = O.gather(kc, tabs[b], klens[b], "fp8_e4m3", 0.5)
+        V = O.gather(vc, tabs[b], klens[b], "fp8_e4m3", 0.25)
+        ro, _ = O.attention(q[b], K, V, [klens[b] - 1], scale=D ** -0.5, window=(7, 0),
+                            alibi=sl, sinks=sinks)
+        O.assert_close(out[b], ro, dt)
+
+
+def test_out_argument_and_strided_q(backend, rng):
+    """out= is written in place; q may be a strided view of a fused QKV buffer."""
+    H, Hkv, D = 4, 2, 16
+    T = 9
+    qkv = randn(rng, (T, (H + 2 * Hkv) * D), np.float32)
+    q = qkv[:, :H * D].reshape(T, H, D)
+    k = qkv[:, H * D:(H + Hkv) * D].reshape(T, Hkv, D)
+    v = qkv[:, (H + Hkv) * D:].reshape(T, Hkv, D)
+    cu = np.array([0, 4, 9], np.int32)
+    out = np.full((T, H, D), np.nan, np.float32)
+    r = pa.flash_attn_varlen_func(q, k, v, 5, cu, 5, cu, causal=True, out=out, backend=backend)
+    assert r is out
+    for i in range(2):
+        a, b = cu[i], cu[i + 1]
+        ro, _ = O.attention(q[a:b], k[a:b], v[a:b], np.arange(b - a), scale=D ** -0.5)
+        O.assert_close(out[a:b], ro, np.float32)
