@@ -1,0 +1,195 @@
+"""Argument errors: the right exception type, the library's reason text, and nothing written."""
+
+import numpy as np
+import pytest
+
+import pagedattn as pa
+from util import nan_cache, randn
+
+
+def _paged(rng, H=4, Hkv=2, D=16, bs=4, nb=6):
+    kc = randn(rng, (nb, bs, Hkv, D), np.float32)
+    vc = randn(rng, (nb, bs, Hkv, D), np.float32)
+    q = randn(rng, (3, H, D), np.float32)
+    return q, kc, vc
+
+
+def test_block_id_out_of_range_leaves_out_untouched(backend, rng):
+    q, kc, vc = _paged(rng)
+    out = np.full(q.shape, 7.0, np.float32)
+    with pytest.raises(ValueError) as e:
+        pa.flash_attn_varlen_func(q, kc, vc, 3, np.array([0, 3], np.int32), 8,
+                                  seqused_k=np.array([8], np.int32), causal=True,
+                                  block_table=np.array([[0, 6]], np.int32), out=out,
+                                  backend=backend)
+    assert "block" in str(e.value) and e.value.reason
+    assert e.value.status_name == "OUT_OF_RANGE"
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("bad", ["q_ndim", "heads", "gqa", "dtype", "cu", "seqused", "window",
+                                 "scale", "kvdtype", "uint8_auto", "alibi", "s_aux", "out"])
+def test_varlen_argument_checks(rng, bad):
+    q, kc, vc = _paged(rng)
+    kw = dict(max_seqlen_q=3, cu_seqlens_q=np.array([0, 3], np.int32), max_seqlen_k=8,
+              seqused_k=np.array([8], np.int32), causal=True,
+              block_table=np.array([[0, 1]], np.int32))
+    if bad == "q_ndim":
+        q = q.reshape(3, -1)
+    elif bad == "heads":
+        q = randn(rng, (3, 4, 8), np.float32)
+    elif bad == "gqa":
+        q = randn(rng, (3, 3, 16), np.float32)
+    elif bad == "dtype":
+        q = q.astype(np.float64)
+    elif bad == "cu":
+        kw["cu_seqlens_q"] = np.array([0, 5], np.int32)
+    elif bad == "seqused":
+        kw["seqused_k"] = np.array([9], np.int32)
+    elif bad == "window":
+        kw["window_size"] = (-2, 0)
+    elif bad == "scale":
+        kw["softmax_scale"] = -1.0
+    elif bad == "kvdtype":
+        kw["kv_cache_dtype"] = "int4"
+    elif bad == "uint8_auto":
+        kc = kc.view(np.uint8)
+        vc = vc.view(np.uint8)
+    elif bad == "alibi":
+        kw["alibi_slopes"] = np.ones(3, np.float32)
+    elif bad == "s_aux":
+        kw["s_aux"] = np.ones(5, np.float32)
+    elif bad == "out":
+        kw["out"] = np.empty((3, 4, 15), np.float32)
+    with pytest.raises(ValueError):
+        pa.flash_attn_varlen_func(q, kc, vc, **kw)
+
+
+def test_with_kvcache_append_beyond_capacity_writes_nothing(backend, rng):
+    H, Hkv, D, bs, nb = 2, 2, 8, 4, 3
+    kc = nan_cache(nb, bs, Hkv, D, np.float32)
+    vc = nan_cache(nb, bs, Hkv, D, np.float32)
+    q = randn(rng, (1, 2, H, D), np.float32)
+    k = randn(rng, (1, 2, Hkv, D), np.float32)
+    with pytest.raises(ValueError):
+        pa.flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=np.array([7], np.int32),
+                                   block_table=np.array([[0, 1]], np.int32), causal=True,
+                                   backend=backend)
+    assert np.isnan(kc).all() and np.isnan(vc).all()
+
+
+@pytest.mark.parametrize("case", ["beyond_pool", "twice", "length", "shape", "dtype"])
+def test_reshape_and_cache_errors_leave_cache_untouched(rng, case):
+    T, H, D, nb, bs = 4, 2, 8, 2, 4
+    key = randn(rng, (T, H, D), np.float32)
+    kc = np.zeros((nb, bs, H, D), np.float32)
+    vc = np.zeros((nb, bs, H, D), np.float32)
+    slots = np.array([0, 1, 2, 3], np.int64)
+    if case == "beyond_pool":
+        slots[3] = nb * bs
+    elif case == "twice":
+        slots[3] = 0
+    elif case == "length":
+        slots = slots[:3]
+    elif case == "shape":
+        key = randn(rng, (T, H, D + 1), np.float32)
+    elif case == "dtype":
+        key = key.astype(np.float64)
+    with pytest.raises(ValueError) as e:
+        pa.reshape_and_cache_flash(key, key, kc, vc, slots)
+    assert str(e.value)
+    assert (kc == 0).all() and (vc == 0).all()
+
+
+@pytest.mark.parametrize("case", ["dst_range", "src_range", "dst_is_src", "dst_twice", "shape"])
+def test_copy_blocks_errors(rng, case):
+    nb = 4
+    kcs = [randn(rng, (nb, 2, 2, 8), np.float32) for _ in range(2)]
+    vcs = [randn(rng, (nb, 2, 2, 8), np.float32) for _ in range(2)]
+    snap = [c.copy() for c in kcs + vcs]
+    m = {"dst_range": [[0, 1], [0, nb]], "src_range": [[0, 1], [-1, 2]],
+         "dst_is_src": [[0, 1], [1, 2]], "dst_twice": [[0, 1], [2, 1]],
+         "shape": [[0, 1, 2]]}[case]
+    with pytest.raises(ValueError):
+        pa.copy_blocks(kcs, vcs, np.array(m, np.int64))
+    for a, b in zip(kcs + vcs, snap):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_swap_blocks_errors(rng):
+    src = randn(rng, (3, 2, 2, 8), np.float32)
+    dst = np.zeros((2, 2, 2, 8), np.float32)
+    with pytest.raises(ValueError):
+        pa.swap_blocks(src, dst, np.array([[0, 0], [1, 2]]))
+    assert (dst == 0).all()
+    with pytest.raises(ValueError):
+        pa.swap_blocks(src, np.zeros((2, 2, 2, 4), np.float32), np.array([[0, 0]]))
+
+
+def test_merge_errors(rng):
+    a = randn(rng, (5, 2, 8), np.float32)
+    lse = np.zeros((2, 5), np.float32)
+    with pytest.raises(ValueError):
+        pa.merge_attn_states(np.empty((5, 2, 8), np.float32), a, lse, a, np.zeros((5, 2), np.float32))
+    with pytest.raises(ValueError):
+        pa.merge_attn_states(np.empty((5, 2, 8), np.float16), a, lse, a, lse)
+
+
+def test_impl_construction_errors():
+    Impl = pa.get_attn_backend("reference").get_impl_cls()
+    with pytest.raises(ValueError):
+        Impl(6, 64, 0.125, num_kv_heads=4)
+    with pytest.raises(ValueError):
+        Impl(4, 64, 0.125, attn_type="sideways")
+    with pytest.raises(ValueError):
+        Impl(4, 64, float("nan"))
+    with pytest.raises(ValueError):
+        Impl(4, 1024, 0.125)
+    with pytest.raises(ValueError):  # block-sparse only for the decoder type
+        Impl(4, 64, 0.125, attn_type="encoder_only",
+             blocksparse_params=dict(max_seqlen=256, num_heads=4, num_kv_heads=4, block_size=16,
+                                     local_blocks=2, vert_stride=4))
+    with pytest.raises(ValueError):  # cross-attention has no relative positions
+        Impl(4, 64, 0.125, attn_type="encoder_decoder", alibi_slopes=[0.1] * 4)
+    with pytest.raises(ValueError):
+        Impl(4, 64, 0.125, kv_cache_dtype="int8")
+
+
+def test_impl_forward_bad_block_writes_nothing(backend, rng):
+    be = pa.get_attn_backend(backend)
+    H, D, bs, nb = 2, 16, 4, 3
+    impl = be.get_impl_cls()(H, D, 0.25)
+    cache = np.zeros(be.get_kv_cache_shape(nb, bs, H, D), np.float32)
+    # the table points beyond the pool (block 5 of 3)
+    md = be.make_metadata(seq_lens=[6], query_lens=[6], block_tables=[[0, 5]], block_size=bs)
+    q = randn(rng, (6, H * D), np.float32)
+    with pytest.raises(ValueError) as e:
+        impl.forward(q, q, q, cache, md)
+    assert e.value.reason
+    assert (cache == 0).all()
+    # a key/value with the wrong number of rows
+    md = be.make_metadata(seq_lens=[6], query_lens=[6], block_tables=[[0, 1]], block_size=bs)
+    with pytest.raises(ValueError):
+        impl.forward(q, q[:5], q[:5], cache, md)
+    assert (cache == 0).all()
+
+
+def test_unknown_and_unavailable_backends(rng):
+    with pytest.raises(ValueError):
+        pa.get_attn_backend("no-such-backend")
+    q, kc, vc = _paged(rng)
+    with pytest.raises(ValueError):
+        pa.flash_attn_varlen_func(q, kc, vc, 3, np.array([0, 3], np.int32), 8,
+                                  seqused_k=np.array([8], np.int32), causal=True,
+                                  block_table=np.array([[0, 1]], np.int32), backend="nope")
+    built = pa.built_backends()
+    unavailable = [b for b in built if b not in pa.available_backends()]
+    if not unavailable:
+        pytest.skip("every built backend is available here")
+    with pytest.raises(NotImplementedError):
+        pa.get_attn_backend(unavailable[0])
+    with pytest.raises(NotImplementedError):
+        pa.flash_attn_varlen_func(q, kc, vc, 3, np.array([0, 3], np.int32), 8,
+                                  seqused_k=np.array([8], np.int32), causal=True,
+                                  block_table=np.array([[0, 1]], np.int32),
+                                  backend=unavailable[0])
