@@ -147,14 +147,19 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
                            out_dtype=out.kind, cache_dtype=cd, k_scale=ks, v_scale=vs)
 
     def empty_rows(start, n):
+        # no visible key: out = 0; lse = -inf, or the sink's logit when there are sinks
         if n > 0:
             A.fill_rows(out, start, n, 0)
             if lse is not None:
-                lse[4](start, n)
+                if sinks is None:
+                    lse[4](start, n)
+                else:
+                    lse[5](start, n, np.repeat(sinks[None, :].astype(np.float32), n, axis=0))
 
     noncausal_rel = (not causal) and (wl >= 0 or wr >= 0 or alibi is not None)
     if noncausal_rel and same_rows_kv is None:
-        return _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs)
+        return _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs,
+                           alibi, sinks)
 
     if causal:
         attn_type = L.PA_ATTN_DECODER
@@ -252,27 +257,32 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
                   out.offset(r0 * out_rs), out_rs, lp, lts, lhs)
 
 
-def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs):
-    """Non-causal attention with a window or ALiBi over keys that are not the query rows:
-    gather each sequence's keys, pad its queries to k_len rows, run encoder_only."""
+def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, alibi, sinks):
+    """Non-causal attention with a window or ALiBi over keys that are not the query rows.
+
+    Per sequence, its keys are gathered into packed rows (fp8 dequantized to float32). Rows with
+    p = k_len - q_len + t >= 0 run as encoder_only over a padded block of k_len query rows (row p
+    holds query t), so the window and ALiBi see the exact positions. Rows with p < 0 (q_len >
+    k_len) see the key prefix [0, min(k_len, p + right + 1)); they run as decoder sequences of
+    one query over that prefix in reverse order (so causality admits all of it and the decoder's
+    ALiBi -slope * (p' - j') equals -slope * j); the true logits are those plus slope * p, a
+    constant per row, which leaves the output exact and shifts the LSE, corrected here."""
     rows, H, D = q.shape
     Qn = as_numpy(q)
     On = as_numpy(out)
+    wl, wr = _window_of(layer_for)
+    for i, s in enumerate(seqs):
+        ql, kl = s["q_len"], s["k_len"]
+        if ql > kl and kl > 0 and alibi is not None and sinks is not None:
+            raise NotImplementedError(
+                "non-causal attention with ALiBi and sinks where seqlen_q (%d) > seqlen_k (%d) is "
+                "not supported" % (ql, kl))
     for i, s in enumerate(seqs):
         ql, kl = s["q_len"], s["k_len"]
         if ql == 0:
             continue
         if kl == 0:
             empty_rows(s["q_start"], ql)
-            continue
-        if ql > kl:
-            raise NotImplementedError(
-                "non-causal attention with a window or ALiBi where seqlen_q (%d) > seqlen_k (%d) "
-                "is not supported" % (ql, kl))
-    # sequences are processed one at a time (the padded copies are per sequence)
-    for i, s in enumerate(seqs):
-        ql, kl = s["q_len"], s["k_len"]
-        if ql == 0 or kl == 0:
             continue
         Kc, Vc = _gather_keys(src, s.get("table"), kl, s.get("k_start", 0))
         kind = src.cache.dtype
@@ -284,8 +294,11 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs):
             kvd = kind
         Kc = np.ascontiguousarray(Kc)
         Vc = np.ascontiguousarray(Vc)
+        m = min(ql, kl)
+        q0 = s["q_start"]
+        # (1) rows with p >= 0: padded encoder_only
         Qp = np.zeros((kl, H, D), dtype=Qn.dtype)
-        Qp[kl - ql:] = Qn[s["q_start"]:s["q_start"] + ql]
+        Qp[kl - m:] = Qn[q0 + ql - m:q0 + ql]
         Op = np.empty((kl, H, D), dtype=On.dtype)
         Lp = np.empty((kl, H), dtype=np.float32) if lse is not None else None
         layer = layer_for(L.PA_ATTN_ENCODER_ONLY, i, kvd=kvd, cd=kvd)
@@ -296,6 +309,51 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs):
         C.forward(ctx, layer, batch, qv.ptr, H * D, kv.ptr, kv.shape[1] * D, vv.ptr,
                   vv.shape[1] * D, None, ov.ptr, H * D,
                   Lp.ctypes.data if Lp is not None else 0, H, 1)
-        On[s["q_start"]:s["q_start"] + ql] = Op[kl - ql:]
+        On[q0 + ql - m:q0 + ql] = Op[kl - m:]
         if lse is not None:
-            lse[5](s["q_start"], ql, Lp[kl - ql:])
+            lse[5](q0 + ql - m, m, Lp[kl - m:])
+        # (2) rows with p < 0
+        n_neg = ql - m
+        if n_neg <= 0:
+            continue
+        p = np.arange(n_neg) - n_neg  # positions of rows t < n_neg
+        hi = np.full(n_neg, kl) if wr < 0 else np.minimum(kl, p + wr + 1)
+        live = np.nonzero(hi > 0)[0]
+        dead = np.nonzero(hi <= 0)[0]
+        for t in dead:
+            empty_rows(q0 + int(t), 1)
+        if live.size == 0:
+            continue
+        t0 = int(live[0])  # live rows are the last ones (hi grows with t)
+        seq_list = []
+        for t in range(t0, n_neg):
+            h = int(hi[t])
+            seq_list.append({"context_len": h - 1, "query_len": 1, "is_prefill": False,
+                             "block_table": np.arange(h - 1, -1, -1, dtype=np.int32)})
+        cache = L.pa_cache()
+        cache.key, cache.value = Kc.ctypes.data, Vc.ctypes.data
+        cache.dtype = kvd
+        cache.memory = L.PA_MEMORY_HOST
+        Hkv = Kc.shape[1]
+        cache.num_blocks, cache.block_size, cache.num_kv_heads, cache.head_size = kl, 1, Hkv, D
+        cache.block_stride, cache.token_stride, cache.head_stride = Hkv * D, Hkv * D, D
+        layer = layer_for(L.PA_ATTN_DECODER, i, w=(-1, -1), kvd=kvd, cd=kvd)
+        ctx = layer.context(backend)
+        nrow = n_neg - t0
+        batch = C.Batch(1, kl, seq_list, slot_mapping=np.full(nrow, -1, dtype=np.int64))
+        Qr = np.ascontiguousarray(Qn[q0 + t0:q0 + n_neg])
+        Or = np.empty((nrow, H, D), dtype=On.dtype)
+        Lr = np.empty((nrow, H), dtype=np.float32)
+        C.forward(ctx, layer, batch, Qr.ctypes.data, H * D, None, 0, None, 0, cache,
+                  Or.ctypes.data, H * D, Lr.ctypes.data, H, 1)
+        On[q0 + t0:q0 + n_neg] = Or
+        if lse is not None:
+            if alibi is not None:
+                slopes = alibi[i] if alibi.ndim == 2 else alibi
+                Lr = (Lr.astype(np.float64) + p[t0:, None] * slopes[None, :].astype(np.float64)
+                      ).astype(np.float32)
+            lse[5](q0 + t0, nrow, Lr)
+
+
+def _window_of(layer_for):
+    return layer_for.__defaults__[0]

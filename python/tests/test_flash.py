@@ -270,3 +270,60 @@ def test_out_argument_and_strided_q(backend, rng):
         a, b = cu[i], cu[i + 1]
         ro, _ = O.attention(q[a:b], k[a:b], v[a:b], np.arange(b - a), scale=D ** -0.5)
         O.assert_close(out[a:b], ro, np.float32)
+
+
+@pytest.mark.parametrize("seqlens", [(1, 47), (13, 23), (40, 17), (33, 33)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_flash_attn_varlen_output_style(backend, rng, seqlens, causal, local, alibi):
+    """FlashAttention's test_flash_attn_varlen_output, small: random padded lengths, MQA/GQA,
+    random local windows, per-batch ALiBi slopes, soft-cap, LSE."""
+    sq, sk = seqlens
+    B, H = 3, 6
+    Hkv = int(rng.choice([6, 2, 1]))
+    D = int(rng.choice([32, 59, 64]))
+    dt = np.dtype(np.float16)
+    qlens = rng.integers(max(1, sq - 5), sq + 1, B)
+    klens = rng.integers(max(1, sk - 5), sk + 1, B)
+    cu_q = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(klens)]).astype(np.int32)
+    q = randn(rng, (cu_q[-1], H, D), dt)
+    k = randn(rng, (cu_k[-1], Hkv, D), dt)
+    v = randn(rng, (cu_k[-1], Hkv, D), dt)
+    window = tuple(int(x) for x in rng.integers(0, sk, 2)) if local else (-1, -1)
+    slopes = (rng.random((B, H)) * 0.3).astype(np.float32) if alibi else None
+    softcap = float(rng.choice([0.0, 50.0]))
+    out, lse = pa.flash_attn_varlen_func(q, k, v, sq, cu_q, sk, cu_k, causal=causal,
+                                         window_size=window, alibi_slopes=slopes,
+                                         softcap=softcap, return_softmax_lse=True,
+                                         backend=backend)
+    for i in range(B):
+        a, b = cu_q[i], cu_q[i + 1]
+        ka, kb = cu_k[i], cu_k[i + 1]
+        pos = klens[i] - qlens[i] + np.arange(qlens[i])
+        ro, rl = O.attention(q[a:b], k[ka:kb], v[ka:kb], pos, scale=D ** -0.5, causal=causal,
+                             window=window, alibi=None if slopes is None else slopes[i],
+                             softcap=softcap)
+        O.assert_close(out[a:b], ro, dt, "seq %d" % i)
+        O.lse_close(lse[:, a:b], rl.T, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (3, 2), (0, 5)])
+def test_varlen_paged_more_queries_than_keys(backend, rng, causal, window):
+    """seqlen_q > seqlen_k over a paged cache, ALiBi and sinks; bottom-right alignment."""
+    H, Hkv, D, bs = 4, 2, 16, 4
+    dt = np.dtype(np.float32)
+    qlens, klens = [9, 2], [4, 6]
+    q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt)
+    sl = O.alibi_slopes(H)
+    for kw in (dict(alibi_slopes=sl), dict(s_aux=rng.standard_normal(H).astype(np.float32))):
+        out, lse = pa.flash_attn_varlen_func(
+            q, kc, vc, 9, cu_q, 6, seqused_k=np.array(klens, np.int32), causal=causal,
+            window_size=window, block_table=pad_tables(tabs), return_softmax_lse=True,
+            backend=backend, **kw)
+        ro, rl = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=D ** -0.5, causal=causal,
+                           window=window, alibi=kw.get("alibi_slopes"), sinks=kw.get("s_aux"))
+        O.assert_close(out, ro, dt)
+        O.lse_close(lse, rl, atol=1e-4)
