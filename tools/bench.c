@@ -1,0 +1,654 @@
+/* pagedattn bench: this machine's own limits, then the standard attention cases on each chosen
+ * backend, as fractions of those limits.
+ *
+ * Limits (measured in the same run, for every thread count asked for): memory read bandwidth
+ * on a buffer far larger than the last-level cache; fp32 FMA peak (register-only FMAs); the
+ * AVX512-BF16 dot-product peak where the CPU has it. A case's floor is its roofline time,
+ * max(KV bytes / bandwidth, useful flops / peak), and "frac" is floor / median time. Useful
+ * flops are 4 * head_size per (query head, visible key): causal halves are not counted. Decode
+ * cases rotate over enough layers' caches (>= 256 MiB of KV) that they measure memory, not L3.
+ * Only the public API is used. */
+#define _GNU_SOURCE
+#include "tool.h"
+
+#include "pagedattn.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#  include <immintrin.h>
+#  define BENCH_X86 1
+#endif
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int g_progress;
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    if (!g_progress) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "\r\033[K");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+}
+
+/* ---- machine limits ------------------------------------------------------------------------- */
+
+typedef struct {
+    int nthreads;
+    pthread_barrier_t *bar;
+    const unsigned char *buf;
+    size_t bytes; /* per thread */
+    int kind;     /* 0 read, 1 fma, 2 bf16 dot */
+    long iters;
+    double sink;
+} lim_arg;
+
+#ifdef BENCH_X86
+__attribute__((target("avx2"))) static double read_avx2(const unsigned char *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    return (double)_mm256_extract_epi64(a0, 0);
+}
+
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
+{
+    __m256 acc[12];
+    __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    __m256 s = acc[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
+    return (double)_mm256_cvtss_f32(s);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static double bf16_avx512(long iters)
+{
+    __m512 acc[12];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __m512 s = acc[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
+    return (double)_mm512_reduce_add_ps(s);
+}
+#endif
+
+static double read_generic(const unsigned char *p, size_t n)
+{
+    uint64_t a[8] = {0};
+    for (size_t i = 0; i + 64 <= n; i += 64)
+        for (int u = 0; u < 8; u++) {
+            uint64_t x;
+            memcpy(&x, p + i + 8 * u, 8);
+            a[u] ^= x;
+        }
+    return (double)(a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7]);
+}
+
+static double fma_generic(long iters)
+{
+    float acc[32];
+    for (int i = 0; i < 32; i++) acc[i] = (float)i;
+    for (long it = 0; it < iters; it++)
+        for (int i = 0; i < 32; i++) acc[i] = fmaf(acc[i], 0.999999f, 1e-7f);
+    double s = 0;
+    for (int i = 0; i < 32; i++) s += acc[i];
+    return s;
+}
+
+static int has_avx2(void)
+{
+#ifdef BENCH_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static int has_bf16dot(void)
+{
+#ifdef BENCH_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+static void lim_work(lim_arg *a)
+{
+    switch (a->kind) {
+    case 0:
+#ifdef BENCH_X86
+        if (has_avx2()) {
+            a->sink += read_avx2(a->buf, a->bytes);
+            break;
+        }
+#endif
+        a->sink += read_generic(a->buf, a->bytes);
+        break;
+    case 1:
+#ifdef BENCH_X86
+        if (has_avx2()) {
+            a->sink += fma_avx2(a->iters);
+            break;
+        }
+#endif
+        a->sink += fma_generic(a->iters);
+        break;
+    default:
+#ifdef BENCH_X86
+        a->sink += bf16_avx512(a->iters);
+#endif
+        break;
+    }
+}
+
+static void *lim_thread(void *varg)
+{
+    lim_arg *a = varg;
+    pthread_barrier_wait(a->bar);
+    lim_work(a);
+    pthread_barrier_wait(a->bar);
+    return NULL;
+}
+
+/* Runs `kind` on n threads at once; returns the wall time from the start barrier to the end. */
+static double lim_run(int n, int kind, const unsigned char *buf, size_t total, long iters)
+{
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    lim_arg args[64];
+    pthread_t th[64];
+    size_t per = total / (size_t)n / 4096 * 4096;
+    for (int i = 0; i < n; i++)
+        args[i] = (lim_arg){n, &bar, buf + per * (size_t)i, per, kind, iters, 0};
+    for (int i = 1; i < n; i++) pthread_create(&th[i], NULL, lim_thread, &args[i]);
+    pthread_barrier_wait(&bar);
+    double t0 = now_s();
+    lim_work(&args[0]);
+    pthread_barrier_wait(&bar);
+    double t = now_s() - t0;
+    for (int i = 1; i < n; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    volatile double sink = 0;
+    for (int i = 0; i < n; i++) sink += args[i].sink;
+    (void)sink;
+    return t;
+}
+
+typedef struct {
+    int threads;
+    double read_gbs, fma_gflops, bf16_gflops; /* bf16 0: not present */
+} limits;
+
+static void measure_limits(int threads, int quick, unsigned char *buf, size_t bytes, limits *L)
+{
+    L->threads = threads;
+    int passes = quick ? 3 : 7;
+    double best = 1e30;
+    for (int i = 0; i < passes; i++) {
+        progress("limits: read bandwidth, %d thread(s), pass %d/%d", threads, i + 1, passes);
+        double t = lim_run(threads, 0, buf, bytes, 0);
+        if (t < best) best = t;
+    }
+    size_t per = bytes / (size_t)threads / 4096 * 4096;
+    L->read_gbs = (double)(per * (size_t)threads) / best / 1e9;
+    long iters = quick ? 20000000 : 50000000;
+    best = 1e30;
+    for (int i = 0; i < 3; i++) {
+        progress("limits: fp32 FMA peak, %d thread(s)", threads);
+        double t = lim_run(threads, 1, NULL, 0, iters);
+        if (t < best) best = t;
+    }
+    double flops_per_iter = has_avx2() ? 12.0 * 8 * 2 : 32.0 * 2;
+    L->fma_gflops = flops_per_iter * (double)iters * threads / best / 1e9;
+    L->bf16_gflops = 0;
+    if (has_bf16dot()) {
+        best = 1e30;
+        for (int i = 0; i < 3; i++) {
+            double t = lim_run(threads, 2, NULL, 0, iters / 2);
+            if (t < best) best = t;
+        }
+        L->bf16_gflops = 12.0 * 16 * 4 * (double)(iters / 2) * threads / best / 1e9;
+    }
+}
+
+/* ---- cases ---------------------------------------------------------------------------------- */
+
+enum { HQ = 32, HKV = 8, HD = 128, BLK = 16 };
+
+typedef struct {
+    char name[64];
+    pa_dtype io, cache;
+    int nprefill, prefill_len;  /* prefill sequences (context 0) of prefill_len tokens */
+    int ndecode, decode_ctx;    /* decodes: context decode_ctx, one new token */
+} bcase;
+
+typedef struct {
+    bcase c;
+    int nlayers;
+    pa_layer *layer;
+    pa_cache *caches;  /* [nlayers] */
+    pa_batch *batch;
+    int64_t ntok;
+    void *q, *k, *v, *out;
+    double kv_bytes;   /* per layer step: K and V bytes attention must read */
+    double flops;      /* per layer step: useful flops */
+    double tokens;     /* new tokens per step */
+} bsetup;
+
+static void fill_pattern(void *dst, size_t bytes, const void *pat, size_t pat_bytes)
+{
+    for (size_t off = 0; off < bytes; off += pat_bytes)
+        memcpy((char *)dst + off, pat, bytes - off < pat_bytes ? bytes - off : pat_bytes);
+}
+
+/* A 64 KiB block of random finite values in `dtype`, repeated to fill buffers. */
+static void random_pattern(pa_dtype dtype, unsigned char *pat, size_t bytes, uint64_t seed)
+{
+    size_t es = pa_dtype_size(dtype), n = bytes / es;
+    float *tmp = malloc(n * sizeof *tmp);
+    for (size_t i = 0; i < n; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        tmp[i] = (float)((seed >> 40) & 0xffff) / 32768.0f - 1.0f;
+    }
+    pa_convert(dtype, pat, PA_DTYPE_F32, tmp, n, 1.0f);
+    free(tmp);
+}
+
+static pa_status setup_case(const bcase *c, const pa_backend *be, bsetup *S)
+{
+    memset(S, 0, sizeof *S);
+    S->c = *c;
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, HQ, HKV, HD);
+    cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = c->io;
+    cfg.cache_dtype = c->cache;
+    pa_status st = pa_layer_create(&cfg, &S->layer);
+    if (st) return st;
+
+    int nseq = c->nprefill + c->ndecode;
+    pa_seq *seqs = calloc((size_t)nseq, sizeof *seqs);
+    int32_t *tables = NULL;
+    int64_t blocks = 0;
+    for (int s = 0; s < nseq; s++) {
+        int pre = s < c->nprefill;
+        int64_t len = pre ? c->prefill_len : c->decode_ctx + 1;
+        blocks += (len + BLK - 1) / BLK;
+    }
+    tables = malloc((size_t)blocks * sizeof *tables);
+    for (int64_t i = 0; i < blocks; i++) tables[i] = (int32_t)i;
+    int64_t b0 = 0;
+    S->ntok = 0;
+    for (int s = 0; s < nseq; s++) {
+        int pre = s < c->nprefill;
+        int64_t len = pre ? c->prefill_len : c->decode_ctx + 1;
+        seqs[s].context_len = pre ? 0 : c->decode_ctx;
+        seqs[s].query_len = pre ? c->prefill_len : 1;
+        seqs[s].is_prefill = pre;
+        seqs[s].block_table = tables + b0;
+        seqs[s].num_blocks = (int32_t)((len + BLK - 1) / BLK);
+        b0 += seqs[s].num_blocks;
+        S->ntok += seqs[s].query_len;
+        /* useful work: every (query head, visible key) pair, QK and PV: 4 * HD flops */
+        double pairs = pre ? (double)len * (double)(len + 1) / 2 : (double)len;
+        S->flops += pairs * HQ * 4.0 * HD;
+        S->kv_bytes += (double)len * HKV * HD * 2.0 * (double)pa_dtype_size(c->cache);
+    }
+    S->tokens = (double)S->ntok;
+    pa_batch_config bc = {.block_size = BLK, .num_blocks = blocks};
+    st = pa_batch_create(&bc, seqs, nseq, &S->batch);
+    free(seqs);
+    free(tables);
+    if (st) return st;
+
+    /* enough layers that the KV of one pass is far beyond the last-level cache */
+    double per_layer = (double)blocks * BLK * HKV * HD * 2.0 * (double)pa_dtype_size(c->cache);
+    S->nlayers = (int)ceil(256.0 * 1048576.0 / per_layer);
+    if (S->nlayers < 1) S->nlayers = 1;
+    if (S->nlayers > 16) S->nlayers = 16;
+    S->caches = calloc((size_t)S->nlayers, sizeof *S->caches);
+    unsigned char *pat = malloc(65536);
+    random_pattern(c->cache, pat, 65536, 42);
+    for (int l = 0; l < S->nlayers; l++) {
+        st = pa_cache_init(&S->caches[l], pa_backend_preferred_layout(be), c->cache, blocks, BLK,
+                           HKV, HD);
+        if (!st) st = pa_cache_alloc(&S->caches[l]);
+        if (st) {
+            free(pat);
+            return st;
+        }
+        size_t bytes = (size_t)pa_cache_pool_elems(&S->caches[l]) * pa_dtype_size(c->cache);
+        fill_pattern(S->caches[l].key, bytes, pat, 65536);
+        fill_pattern(S->caches[l].value, bytes, pat + 7, 65536 - 64);
+    }
+    size_t es = pa_dtype_size(c->io);
+    size_t qb = (size_t)S->ntok * HQ * HD * es, kb = (size_t)S->ntok * HKV * HD * es;
+    S->q = malloc(qb), S->k = malloc(kb), S->v = malloc(kb), S->out = malloc(qb);
+    random_pattern(c->io, pat, 65536, 7);
+    fill_pattern(S->q, qb, pat, 65536);
+    fill_pattern(S->k, kb, pat + 64, 65536 - 64);
+    fill_pattern(S->v, kb, pat + 128, 65536 - 128);
+    free(pat);
+    return PA_STATUS_OK;
+}
+
+static void free_case(bsetup *S)
+{
+    for (int l = 0; S->caches && l < S->nlayers; l++) pa_cache_free(&S->caches[l]);
+    free(S->caches);
+    pa_batch_destroy(S->batch);
+    pa_layer_destroy(S->layer);
+    free(S->q), free(S->k), free(S->v), free(S->out);
+    memset(S, 0, sizeof *S);
+}
+
+typedef struct {
+    const char *backend;
+    int threads;
+    double tmin, tmed, tmax; /* seconds per layer step */
+    double gbs, gflops, tok_s, floor_s, frac;
+    const char *bound;
+} bresult;
+
+/* One step = forward over every layer once (writing the new K/V, then attending). */
+static pa_status time_case(bsetup *S, pa_context *ctx, int repeats, bresult *R)
+{
+    pa_plan *plan = NULL;
+    pa_status st = pa_plan_create(ctx, S->layer, S->batch, &plan);
+    if (st) return st;
+    double *t = malloc((size_t)(repeats + 1) * sizeof *t);
+    for (int r = -1; r < repeats && !st; r++) {
+        double t0 = now_s();
+        for (int l = 0; l < S->nlayers && !st; l++) {
+            pa_forward_args a = {.q = S->q, .k = S->k, .v = S->v, .cache = &S->caches[l], .out = S->out};
+            st = pa_attn_forward(ctx, S->layer, S->batch, plan, &a);
+        }
+        double dt = (now_s() - t0) / S->nlayers;
+        if (r >= 0) t[r] = dt;
+    }
+    pa_plan_destroy(plan);
+    if (!st) {
+        qsort(t, (size_t)repeats, sizeof *t, cmp_double);
+        R->tmin = t[0];
+        R->tmax = t[repeats - 1];
+        R->tmed = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
+    }
+    free(t);
+    return st;
+}
+
+static void finish_result(const bsetup *S, const limits *L, bresult *R)
+{
+    R->gbs = S->kv_bytes / R->tmed / 1e9;
+    R->gflops = S->flops / R->tmed / 1e9;
+    R->tok_s = S->tokens / R->tmed;
+    double peak = L->fma_gflops;
+    double tm = S->kv_bytes / (L->read_gbs * 1e9), tc = S->flops / (peak * 1e9);
+    R->floor_s = tm > tc ? tm : tc;
+    R->bound = tm > tc ? "memory" : "fp32 fma";
+    R->frac = R->floor_s / R->tmed;
+}
+
+/* ---- the command ---------------------------------------------------------------------------- */
+
+static int parse_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > 1024) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pagedattn bench [options]\n"
+            "  --backend LIST   backends to measure, comma-separated (default: cpu); the\n"
+            "                   reference backend runs shrunken (tiny) variants of each case\n"
+            "  --threads LIST   thread counts (default: 1,<online cores>; 0 = online cores)\n"
+            "  --repeats N      timed repetitions per case (default 5; one warm-up run more)\n"
+            "  --cases SUBSTR   only cases whose name contains SUBSTR\n"
+            "  --quick          a very short run: smaller cases, 2 repeats, short limit probes\n"
+            "  --json           machine-readable output on stdout\n"
+            "Cases: 32 query / 8 KV heads x 128, block 16, the backend's preferred cache layout.\n"
+            "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
+            "useful flops / fp32 FMA peak), both limits measured in this run at the same thread count.\n");
+}
+
+static int make_cases(int quick, int tiny, bcase *cs)
+{
+    int n = 0;
+    int ctxs = tiny ? 256 : quick ? 1024 : 4096, ctxl = tiny ? 2048 : quick ? 8192 : 32768;
+    int pre = tiny ? 256 : quick ? 512 : 2048, mixp = tiny ? 32 : 256, mixc = tiny ? 256 : 2048;
+    const pa_dtype kv[3] = {PA_DTYPE_BF16, PA_DTYPE_F16, PA_DTYPE_FP8_E4M3};
+    for (int i = 0; i < 3; i++) {
+        bcase c = {{0}, PA_DTYPE_BF16, kv[i], 0, 0, 16, ctxs - 1};
+        snprintf(c.name, sizeof c.name, "decode b16 x %d %s", ctxs, pa_dtype_name(kv[i]));
+        cs[n++] = c;
+    }
+    for (int i = 0; i < 3; i++) {
+        bcase c = {{0}, PA_DTYPE_BF16, kv[i], 0, 0, 1, ctxl - 1};
+        snprintf(c.name, sizeof c.name, "decode b1 x %d %s", ctxl, pa_dtype_name(kv[i]));
+        cs[n++] = c;
+    }
+    const pa_dtype pd[2] = {PA_DTYPE_F32, PA_DTYPE_BF16};
+    for (int i = 0; i < 2; i++) {
+        bcase c = {{0}, pd[i], pd[i], 1, pre, 0, 0};
+        snprintf(c.name, sizeof c.name, "prefill %d causal %s", pre, pa_dtype_name(pd[i]));
+        cs[n++] = c;
+    }
+    bcase m = {{0}, PA_DTYPE_BF16, PA_DTYPE_BF16, 1, mixp, 32, mixc - 1};
+    snprintf(m.name, sizeof m.name, "mixed %d prefill + 32 x %d decode bf16", mixp, mixc);
+    cs[n++] = m;
+    return n;
+}
+
+int pa_tool_bench(int argc, char **argv)
+{
+    const char *backends = "cpu", *filter = NULL;
+    int threads[16], nthreads = 0, repeats = 5, quick = 0, json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--quick")) {
+            quick = 1;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--backend") && val) {
+            backends = val, i++;
+        } else if (!strcmp(a, "--cases") && val) {
+            filter = val, i++;
+        } else if (!strcmp(a, "--threads") && val) {
+            nthreads = parse_list(val, threads, 16), i++;
+            if (nthreads <= 0) {
+                fprintf(stderr, "bench: bad --threads '%s'\n", val);
+                return 2;
+            }
+        } else if (!strcmp(a, "--repeats") && val) {
+            repeats = atoi(val), i++;
+            if (repeats < 1 || repeats > 1000) {
+                fprintf(stderr, "bench: --repeats must be 1..1000\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "bench: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (quick && repeats == 5) repeats = 2;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (nthreads == 0) {
+        threads[nthreads++] = 1;
+        if (cores > 1) threads[nthreads++] = (int)cores;
+    }
+    for (int i = 0; i < nthreads; i++)
+        if (threads[i] == 0) threads[i] = (int)cores;
+    g_progress = isatty(2);
+
+    /* backends */
+    const pa_backend *bes[8];
+    int nbe = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", backends);
+    for (char *tok = strtok(list, ","); tok && nbe < 8; tok = strtok(NULL, ",")) {
+        const pa_backend *b = pa_backend_find(tok);
+        char why[256] = "";
+        if (!b) {
+            fprintf(stderr, "bench: no backend '%s'\n", tok);
+            return 2;
+        }
+        if (!pa_backend_available(b, why, sizeof why)) {
+            fprintf(stderr, "bench: backend '%s' cannot run here: %s\n", tok, why);
+            return 2;
+        }
+        if (pa_backend_memory(b) != PA_MEMORY_HOST) {
+            fprintf(stderr, "bench: backend '%s' uses device memory; this bench drives host backends\n", tok);
+            return 2;
+        }
+        bes[nbe++] = b;
+    }
+
+    /* limits */
+    size_t bw_bytes = (size_t)(quick ? 512 : 1024) << 20;
+    unsigned char *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, bw_bytes)) {
+        fprintf(stderr, "bench: cannot allocate the bandwidth buffer\n");
+        return 1;
+    }
+    memset(buf, 1, bw_bytes);
+    limits lims[16];
+    for (int i = 0; i < nthreads; i++) measure_limits(threads[i], quick, buf, bw_bytes, &lims[i]);
+    free(buf);
+
+    if (!json) {
+        printf("pagedattn %s bench%s: limits measured now (read buffer %zu MiB; LLC is far smaller)\n",
+               pa_version_string(), quick ? " --quick" : "", bw_bytes >> 20);
+        for (int i = 0; i < nthreads; i++) {
+            printf("  %2d thread(s): read %6.1f GB/s   fp32 FMA %7.1f GFLOP/s   bf16 dot ",
+                   lims[i].threads, lims[i].read_gbs, lims[i].fma_gflops);
+            if (lims[i].bf16_gflops > 0) printf("%7.1f GFLOP/s\n", lims[i].bf16_gflops);
+            else printf("n/a (no AVX512-BF16 here: bf16 cases are held to the fp32 FMA peak)\n");
+        }
+        printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
+               "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
+    } else {
+        printf("{\n  \"version\": \"%s\",\n  \"limits\": [", pa_version_string());
+        for (int i = 0; i < nthreads; i++) {
+            char bf[32] = "null";
+            if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.3f", lims[i].bf16_gflops);
+            printf("%s\n    {\"threads\": %d, \"read_gbs\": %.3f, \"fma_gflops\": %.3f, \"bf16_dot_gflops\": %s}",
+                   i ? "," : "", lims[i].threads, lims[i].read_gbs, lims[i].fma_gflops, bf);
+        }
+        printf("\n  ],\n  \"results\": [");
+    }
+
+    int nres = 0, failures = 0;
+    for (int bi = 0; bi < nbe; bi++) {
+        int tiny = !strcmp(pa_backend_name(bes[bi]), "reference");
+        bcase cs[16];
+        int nc = make_cases(quick, tiny, cs);
+        pa_context *ctx = NULL;
+        pa_status st = pa_context_create(bes[bi], NULL, &ctx);
+        if (st) {
+            fprintf(stderr, "bench: %s: %s\n", pa_backend_name(bes[bi]), pa_last_error());
+            return 1;
+        }
+        for (int ci = 0; ci < nc; ci++) {
+            if (filter && !strstr(cs[ci].name, filter)) continue;
+            bsetup S;
+            progress("%s: setting up %s", pa_backend_name(bes[bi]), cs[ci].name);
+            st = setup_case(&cs[ci], bes[bi], &S);
+            if (st) {
+                fprintf(stderr, "bench: %s: setup failed: %s\n", cs[ci].name, pa_last_error());
+                free_case(&S);
+                failures++;
+                continue;
+            }
+            for (int ti = 0; ti < nthreads; ti++) {
+                bresult R = {pa_backend_name(bes[bi]), threads[ti], 0, 0, 0, 0, 0, 0, 0, 0, ""};
+                progress("%s: %s, %d thread(s), %d repeats", R.backend, cs[ci].name, threads[ti], repeats);
+                pa_context_set_num_threads(ctx, threads[ti]);
+                R.threads = pa_context_num_threads(ctx);
+                st = time_case(&S, ctx, tiny && repeats > 2 ? 2 : repeats, &R);
+                if (st) {
+                    progress("%s", "");
+                    fprintf(stderr, "bench: %s on %s: %s\n", cs[ci].name, R.backend, pa_last_error());
+                    failures++;
+                    continue;
+                }
+                finish_result(&S, &lims[ti], &R);
+                if (g_progress) progress("%s", "");
+                if (json) {
+                    printf("%s\n    {\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"layers\": %d, "
+                           "\"min_ms\": %.4f, \"median_ms\": %.4f, \"max_ms\": %.4f, \"kv_gbs\": %.3f, "
+                           "\"gflops\": %.3f, \"tokens_per_s\": %.1f, \"bound\": \"%s\", \"floor_ms\": %.4f, "
+                           "\"fraction\": %.4f}",
+                           nres ? "," : "", cs[ci].name, R.backend, R.threads, S.nlayers, R.tmin * 1e3,
+                           R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, R.floor_s * 1e3,
+                           R.frac);
+                } else {
+                    printf("%-40s %-9s %3d %9.3f %9.3f %9.3f %8.2f %8.2f %10.1f %-8s %5.0f%%\n", cs[ci].name,
+                           R.backend, R.threads, R.tmin * 1e3, R.tmed * 1e3, R.tmax * 1e3, R.gbs,
+                           R.gflops, R.tok_s, R.bound, R.frac * 100);
+                    fflush(stdout);
+                }
+                nres++;
+            }
+            free_case(&S);
+        }
+        pa_context_destroy(ctx);
+    }
+    progress("%s", "");
+    if (g_progress) fprintf(stderr, "\r\033[K");
+    if (json) printf("\n  ]\n}\n");
+    else
+        printf("\nKV GB/s: K and V bytes attention must read per layer step / median time; GFLOP/s: "
+               "useful flops (causal: visible half only) / median time.\n");
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,33 @@
+/* pagedattn: the command-line tool. info, verify, run, bench. */
+#include "tool.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pagedattn <command> [options]\n"
+            "  info                 version, backends, their capabilities, CPU features\n"
+            "  verify [options]     the shared case grid on backends against the reference\n"
+            "      --backend a,b    backends to check (default: every available one but reference)\n"
+            "      --filter TEXT    only cases whose name contains TEXT\n"
+            "      --threads N      worker threads (cpu backend; 0 = all cores)\n"
+            "      --list           list the cases and exit\n"
+            "  run [options]        simulate a serving workload (see pagedattn run --help)\n"
+            "  bench [options]      measure speed against this machine's limits (pagedattn bench --help)\n");
+    return f == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return usage(stderr);
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "info")) return pa_tool_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "verify")) return pa_tool_verify(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return pa_tool_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return pa_tool_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) return usage(stdout);
+    fprintf(stderr, "pagedattn: unknown command \"%s\"\n", cmd);
+    return usage(stderr);
+}

@@ -1,0 +1,11 @@
+/* tool.h: the subcommands of the pagedattn CLI, one file each. Each takes argv starting at its
+ * own name and returns the process exit status. */
+#ifndef PAGEDATTN_TOOL_H
+#define PAGEDATTN_TOOL_H
+
+int pa_tool_info(int argc, char **argv);
+int pa_tool_verify(int argc, char **argv);
+int pa_tool_run(int argc, char **argv);
+int pa_tool_bench(int argc, char **argv); /* tools/bench.c */
+
+#endif
