@@ -20,7 +20,8 @@
 #include <stdatomic.h>
 
 #define CPU_ROWS 64 /* max query rows (heads x tokens) of one item */
-#define CPU_KT 64   /* keys per tile */
+#define CPU_KT 64   /* keys per tile (at most) */
+#define CPU_KROWS 256 /* rows of the K and V tile scratch: keys per tile x KV heads per item */
 #define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
 _Static_assert(CPU_ROWS <= CPU_KT, "query rows reuse the key-row pointer array");
 
@@ -83,8 +84,8 @@ int pa__cpu_online_cores(void);
 typedef struct pa__cpu_scratch {
     float *q;   /* [CPU_ROWS][dp] scaled queries */
     float *o;   /* [CPU_ROWS][dp] accumulators */
-    float *k;   /* [CPU_KT][dp] */
-    float *v;   /* [CPU_KT][dp] */
+    float *k;   /* [CPU_KROWS][dp]: [KV head of the item][key of the tile][dp] */
+    float *v;   /* [CPU_KROWS][dp] */
     float *s;   /* [CPU_ROWS][CPU_KT] scores, then probabilities */
     float m[CPU_ROWS], l[CPU_ROWS], alpha[CPU_ROWS];
     int64_t lo[CPU_ROWS], hi[CPU_ROWS], pos[CPU_ROWS];
@@ -109,14 +110,16 @@ pa_status pa__cpu_ctx_reserve(pa__cpu_ctx *c, int32_t dp);
 /* ---- plan --------------------------------------------------------------------------------- */
 
 typedef struct pa__cpu_item {
-    int32_t seq, kvh, h0, nh, t0, nt; /* query rows: heads h0..h0+nh, tokens t0..t0+nt */
+    /* query rows r = (k * nt + t) * nh + hh for KV head kvh + k (k < nkv), token t0 + t and
+     * query head h0 + k * group + hh; nkv > 1 only when nh is the whole group */
+    int32_t seq, kvh, nkv, h0, nh, t0, nt;
     int64_t k0, k1;                   /* key chunk [k0, k1) */
     int64_t part;                     /* -1: rows finished here; else first partial row slot */
     int64_t cost;
 } pa__cpu_item;
 
 typedef struct pa__cpu_merge {
-    int32_t seq, h0, nh, t0, nt;
+    int32_t seq, h0, nh, t0, nt, nkv; /* rows as in pa__cpu_item */
     int32_t nchunks;
     int64_t part; /* slots part + c * nrows + r for chunk c, row r */
 } pa__cpu_merge;

@@ -71,6 +71,25 @@ static void key_rows(const key_src *ks, bool value, int64_t a, int n, const void
     }
 }
 
+/* Asks for the K and V rows of keys [a, a + n) ahead of use (into L2): one head's rows of a
+ * paged cache are short runs scattered over many pages, which the hardware prefetchers do not
+ * follow across page boundaries. */
+static void prefetch_keys(const key_src *ks, int64_t a, int n, int64_t row_bytes)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t j = a + i, off;
+        if (ks->cache) off = pa__cache_key_offset(ks->cache, ks->table, j) + ks->head_off;
+        else off = (ks->row0 + j) * ks->krs + ks->head_off;
+        const char *kp = ks->kbase + off * (int64_t)ks->esz;
+        if (!ks->cache) off = (ks->row0 + j) * ks->vrs + ks->head_off;
+        const char *vp = ks->vbase + off * (int64_t)ks->esz;
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch(kp + b, 0, 2);
+            __builtin_prefetch(vp + b, 0, 2);
+        }
+    }
+}
+
 /* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
  * is constant over a sparse block up to the causal cut j <= p, which the range already has. */
 static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a, int64_t b)
@@ -141,6 +160,14 @@ static void score_fix(const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int
     }
 }
 
+/* Token (relative to the tile) and query head of row r of an item or merge (see cpu.h). */
+static inline void row_of(int r, int32_t h0, int32_t nh, int32_t nt, int32_t group, int *t, int32_t *h)
+{
+    int per = nh * nt, k = r / per, rem = r % per;
+    *t = rem / nh;
+    *h = h0 + k * group + rem % nh;
+}
+
 static void run_item(void *arg, int64_t index, int thread)
 {
     job *J = arg;
@@ -152,18 +179,20 @@ static void run_item(void *arg, int64_t index, int thread)
     const pa__cpu_kernels *K = &J->c->kern;
     pa__cpu_scratch *sc = &J->c->scratch[thread];
     const int32_t d = cfg->head_size, dp = J->p->dp;
-    const int nr = it->nh * it->nt;
+    const int nrk = it->nh * it->nt, nr = nrk * it->nkv; /* rows per KV head, in all */
+    const int kt = CPU_KROWS / it->nkv < CPU_KT ? CPU_KROWS / it->nkv : CPU_KT;
     const int64_t qs = b->md.query_start_loc[it->seq];
     const int64_t ctxl = b->md.context_lens[it->seq];
     const int64_t kvlen = pa__kv_len(b, cfg->attn_type, it->seq);
     const bool split = it->part >= 0;
     const bool bs = cfg->blocksparse.block_size > 0;
 
-    /* rows: r = t * nh + hh */
     int64_t ulo = INT64_MAX, uhi = INT64_MIN;
     size_t qsz = pa_dtype_size(cfg->q_dtype);
     for (int r = 0; r < nr; r++) {
-        int t = r / it->nh, h = it->h0 + r % it->nh;
+        int t;
+        int32_t h;
+        row_of(r, it->h0, it->nh, it->nt, L->group, &t, &h);
         int64_t tok = qs + it->t0 + t, lo, hi;
         sc->head[r] = h;
         sc->pos[r] = ctxl + it->t0 + t;
@@ -185,16 +214,17 @@ static void run_item(void *arg, int64_t index, int thread)
 
     if (ulo < uhi) {
         /* the query rows, converted and pre-scaled */
-        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS == CPU_KT */
+        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS <= CPU_KT */
         float qsc = q_scale(cfg);
         for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
 
-        key_src ks;
-        key_src_init(&ks, f, it->seq, it->kvh);
-        int64_t j0 = it->k0 + (ulo - it->k0) / CPU_KT * CPU_KT;
-        for (; j0 < uhi; j0 += CPU_KT) {
+        key_src ks[CPU_KROWS / 16];
+        for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
+        const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
+        int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
+        for (; j0 < uhi; j0 += kt) {
             int64_t a = j0 > ulo ? j0 : ulo;
-            int64_t e = j0 + CPU_KT < uhi ? j0 + CPU_KT : uhi;
+            int64_t e = j0 + kt < uhi ? j0 + kt : uhi;
             int nc = (int)(e - a);
             bool any = false, full = true;
             for (int r = 0; r < nr; r++) {
@@ -213,9 +243,17 @@ static void run_item(void *arg, int64_t index, int thread)
             }
             if (!any) continue;
 
-            key_rows(&ks, false, a, nc, sc->rows);
-            K->load_rows(ks.dtype, sc->rows, nc, d, dp, sc->k);
-            K->qk(sc->q, nr, sc->k, nc, dp, sc->s, CPU_KT);
+            if (e < uhi) {
+                int64_t ne = e + kt < uhi ? e + kt : uhi;
+                for (int k = 0; k < it->nkv; k++) prefetch_keys(&ks[k], e, (int)(ne - e), row_bytes);
+            }
+            /* K of every KV head (head after head: whole blocks front to back in HND), scores */
+            for (int k = 0; k < it->nkv; k++) {
+                float *kk = sc->k + (size_t)k * kt * dp;
+                key_rows(&ks[k], false, a, nc, sc->rows);
+                K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
+                K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sc->s + (size_t)k * nrk * CPU_KT, CPU_KT);
+            }
             score_fix(L, sc, nr, a, nc);
 
             for (int r = 0; r < nr; r++) {
@@ -235,18 +273,22 @@ static void run_item(void *arg, int64_t index, int thread)
                 sc->m[r] = mn;
                 sc->alpha[r] = al;
             }
-            const unsigned char *cm = NULL;
-            if (!full) {
-                for (int c = 0; c < nc; c++) {
-                    unsigned char v = 0;
-                    for (int r = 0; r < nr && !v; r++) v = sc->s[r * CPU_KT + c] != 0.0f;
-                    sc->colmask[c] = v;
+            for (int k = 0; k < it->nkv; k++) {
+                const unsigned char *cm = NULL;
+                const float *pk = sc->s + (size_t)k * nrk * CPU_KT;
+                if (!full) {
+                    for (int c = 0; c < nc; c++) {
+                        unsigned char v = 0;
+                        for (int r = 0; r < nrk && !v; r++) v = pk[r * CPU_KT + c] != 0.0f;
+                        sc->colmask[c] = v;
+                    }
+                    cm = sc->colmask;
                 }
-                cm = sc->colmask;
+                float *vv = sc->v + (size_t)k * kt * dp;
+                key_rows(&ks[k], true, a, nc, sc->rows);
+                K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
+                K->pv(pk, CPU_KT, nrk, vv, nc, dp, sc->alpha + k * nrk, cm, sc->o + (size_t)k * nrk * dp);
             }
-            key_rows(&ks, true, a, nc, sc->rows);
-            K->load_rows(ks.dtype, sc->rows, nc, d, dp, sc->v);
-            K->pv(sc->s, CPU_KT, nr, sc->v, nc, dp, sc->alpha, cm, sc->o);
         }
     }
 
@@ -258,7 +300,10 @@ static void run_item(void *arg, int64_t index, int thread)
             pr[1] = sc->l[r];
             memcpy(pr + 2, o, (size_t)d * sizeof(float));
         } else {
-            write_row(f, qs + it->t0 + r / it->nh, sc->head[r], o, sc->m[r], sc->l[r], K);
+            int t;
+            int32_t h;
+            row_of(r, it->h0, it->nh, it->nt, L->group, &t, &h);
+            write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], K);
         }
     }
 }
@@ -271,11 +316,13 @@ static void run_merge(void *arg, int64_t index, int thread)
     const pa__fwd *f = J->f;
     const struct pa_layer *L = f->layer;
     const int32_t d = L->cfg.head_size, dp = J->p->dp;
-    const int nr = mg->nh * mg->nt;
+    const int nr = mg->nh * mg->nt * mg->nkv;
     const int64_t qs = f->batch->md.query_start_loc[mg->seq];
     float *acc = J->c->scratch[thread].o;
     for (int r = 0; r < nr; r++) {
-        int32_t h = mg->h0 + r % mg->nh;
+        int t;
+        int32_t h;
+        row_of(r, mg->h0, mg->nh, mg->nt, L->group, &t, &h);
         float M = L->sinks ? L->sinks[h] : -INFINITY;
         for (int c = 0; c < mg->nchunks; c++) {
             const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
@@ -293,7 +340,7 @@ static void run_merge(void *arg, int64_t index, int thread)
                 for (int j = 0; j < d; j++) acc[j] += w * pr[2 + j];
             }
         }
-        write_row(f, qs + mg->t0 + r / mg->nh, h, acc, M, Lsum, &J->c->kern);
+        write_row(f, qs + mg->t0 + t, h, acc, M, Lsum, &J->c->kern);
     }
 }
 

@@ -125,7 +125,7 @@ static pa_status alloc_scratch(int n, int32_t dp, pa__cpu_scratch **out)
 {
     pa__cpu_scratch *s = pa__calloc((size_t)n, sizeof *s);
     if (!s) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: scratch");
-    size_t rows = (size_t)CPU_ROWS * dp * sizeof(float), keys = (size_t)CPU_KT * dp * sizeof(float);
+    size_t rows = (size_t)CPU_ROWS * dp * sizeof(float), keys = (size_t)CPU_KROWS * dp * sizeof(float);
     for (int i = 0; i < n; i++) {
         s[i].q = pa__calloc(1, rows);
         s[i].o = pa__calloc(1, rows);

@@ -69,21 +69,31 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
             int32_t nt = qlen - t0 < rs.nt ? qlen - t0 : rs.nt;
             int64_t reach = tile_reach(L, b, s, t0, nt);
             int64_t nch = reach > 0 ? (reach + ch - 1) / ch : 1;
-            for (int32_t kvh = 0; kvh < cfg->num_kv_heads; kvh++) {
+            /* short tiles (decode) take several KV heads per item, so that a cache block is
+             * read front to back across its heads instead of as scattered per-head runs */
+            int32_t nkv = 1;
+            if (rs.nhc == 1) {
+                nkv = CPU_ROWS / (rs.nh * nt);
+                if (nkv > cfg->num_kv_heads) nkv = cfg->num_kv_heads;
+                if (nkv > CPU_KROWS / 16) nkv = CPU_KROWS / 16;
+                if (nkv < 1) nkv = 1;
+            }
+            for (int32_t kvh = 0; kvh < cfg->num_kv_heads; kvh += nkv) {
+                int32_t nk = cfg->num_kv_heads - kvh < nkv ? cfg->num_kv_heads - kvh : nkv;
                 for (int32_t hc = 0; hc < rs.nhc; hc++) {
                     int32_t h0 = kvh * L->group + hc * rs.nh;
                     int32_t nh = L->group - hc * rs.nh < rs.nh ? L->group - hc * rs.nh : rs.nh;
-                    int64_t rows = (int64_t)nh * nt;
+                    int64_t rows = (int64_t)nh * nt * nk;
                     if (nch > 1 && merges) {
                         pa__cpu_merge *m = &merges[nm];
-                        m->seq = s, m->h0 = h0, m->nh = nh, m->t0 = t0, m->nt = nt;
+                        m->seq = s, m->h0 = h0, m->nh = nh, m->t0 = t0, m->nt = nt, m->nkv = nk;
                         m->nchunks = (int32_t)nch;
                         m->part = np;
                     }
                     for (int64_t c = 0; c < nch; c++) {
                         if (items) {
                             pa__cpu_item *it = &items[ni];
-                            it->seq = s, it->kvh = kvh, it->h0 = h0, it->nh = nh;
+                            it->seq = s, it->kvh = kvh, it->nkv = nk, it->h0 = h0, it->nh = nh;
                             it->t0 = t0, it->nt = nt;
                             it->k0 = c * ch;
                             it->k1 = (c + 1) * ch < reach ? (c + 1) * ch : reach;
