@@ -1,7 +1,7 @@
 """pagedattn: paged-attention backends (vLLM's attention layer as a C library), from Python.
 
 FlashAttention-style calls (numpy arrays or torch CPU tensors, zero copy):
-    flash_attn_varlen_func, flash_attn_with_kvcache
+    flash_attn_varlen_func, flash_attn_with_kvcache, flash_attn_func
 vLLM ops:
     reshape_and_cache_flash, copy_blocks, swap_blocks, merge_attn_states
 vLLM's backend layer:
@@ -17,7 +17,7 @@ from ._lib import lib as _clib
 from .backend import (AttentionType, PagedAttnBackend, PagedAttnImpl, PagedAttnMetadata,
                       PagedAttnMetadataBuilder, available_backends, get_attn_backend,
                       get_num_threads, set_num_threads)
-from .ops import (copy_blocks, flash_attn_varlen_func, flash_attn_with_kvcache,
+from .ops import (copy_blocks, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                   merge_attn_states, reshape_and_cache_flash, swap_blocks)
 
 __version__ = "0.1.0"
@@ -42,7 +42,8 @@ def backend_info(name):
 
 
 __all__ = [
-    "flash_attn_varlen_func", "flash_attn_with_kvcache", "reshape_and_cache_flash", "copy_blocks",
+    "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_func",
+    "reshape_and_cache_flash", "copy_blocks",
     "swap_blocks", "merge_attn_states", "get_attn_backend", "available_backends",
     "set_num_threads", "get_num_threads", "AttentionType", "PagedAttnBackend", "PagedAttnImpl",
     "PagedAttnMetadata", "PagedAttnMetadataBuilder", "PagedAttnError", "PagedAttnValueError",

@@ -14,7 +14,8 @@ from . import _attn
 from . import _core as C
 from . import _lib as L
 
-__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "reshape_and_cache_flash",
+__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_func",
+           "reshape_and_cache_flash",
            "copy_blocks", "swap_blocks", "merge_attn_states"]
 
 
@@ -105,11 +106,36 @@ def _lse_varlen(lse_obj, lv, total_q):
     return (lse_obj, lv.ptr, ts, hs, fill, put)
 
 
+def _compat(dropout_p, return_attn_probs, q_descale, k_descale, v_descale, k_scale, v_scale):
+    """FlashAttention keywords without an effect here, checked: dropout must be 0; fp8
+    descales of FA3 are the cache scales."""
+    if dropout_p not in (None, 0, 0.0):
+        raise NotImplementedError("dropout_p = %r: pagedattn is an inference library; only 0 is "
+                                  "supported" % (dropout_p,))
+    if q_descale is not None and A.scalar(q_descale, "q_descale") != 1.0:
+        raise NotImplementedError("fp8 queries (q_descale) are not supported")
+    if k_descale is not None:
+        k_scale = A.scalar(k_descale, "k_descale")
+    if v_descale is not None:
+        v_scale = A.scalar(v_descale, "v_descale")
+    return k_scale, v_scale
+
+
+def _is_index_array(x):
+    if x is None or isinstance(x, (int, float, np.integer, np.floating)):
+        return False
+    if A.is_torch(x):
+        return x.dim() == 1
+    return np.ndim(x) == 1
+
+
 def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
                            seqused_k=None, softmax_scale=None, causal=False, window_size=None,
                            softcap=0.0, alibi_slopes=None, block_table=None,
                            return_softmax_lse=False, out=None, s_aux=None, kv_cache_dtype="auto",
-                           k_scale=1.0, v_scale=1.0, backend=None):
+                           k_scale=1.0, v_scale=1.0, backend=None, dropout_p=0.0,
+                           deterministic=False, return_attn_probs=False, q_descale=None,
+                           k_descale=None, v_descale=None, **ignored):
     """Variable-length attention, as vLLM's flash-attention fork's ``flash_attn_varlen_func``.
 
     Args:
@@ -140,12 +166,30 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
 
     Returns:
         ``out``, or ``(out, lse)`` with ``return_softmax_lse``. Rows that see no key get 0 and
-        an LSE of -inf.
+        an LSE of -inf (the sink's logit with ``s_aux``).
+
+    Compatibility: upstream FlashAttention's positional order ``(q, k, v, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p)`` is recognized (an array in the
+    ``max_seqlen_q`` slot); ``dropout_p`` must be 0; ``deterministic`` is accepted (every
+    backend is deterministic); ``return_attn_probs=True`` returns ``(out, lse, None)``;
+    ``k_descale``/``v_descale`` are the fp8 cache scales; other FlashAttention tuning keywords
+    (``fa_version``, ``num_splits``, ``scheduler_metadata``) are ignored.
 
     Raises:
         ValueError for bad shapes/dtypes/arguments, NotImplementedError for a configuration the
         chosen backend lacks, MemoryError when the library runs out of memory.
     """
+    _check_ignored(ignored)
+    if _is_index_array(max_seqlen_q):
+        # upstream order: (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+        cu_q_, cu_k_, mq_, mk_ = max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k
+        if seqused_k is not None and not _is_index_array(seqused_k):
+            dropout_p, seqused_k = seqused_k, None
+        max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k = mq_, cu_q_, mk_, cu_k_
+    k_scale, v_scale = _compat(dropout_p, return_attn_probs, q_descale, k_descale, v_descale,
+                               k_scale, v_scale)
+    if return_attn_probs:
+        return_softmax_lse = True
     qv = A.float_view(q, "q")
     A.check_ndim(qv, "q", 3, "[total_q, num_heads, head_size]")
     total_q, H, D = qv.shape
@@ -248,9 +292,86 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
               alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
               same_rows_kv=same_rows)
+    if return_attn_probs:
+        return out_obj, lse_obj, None
     if return_softmax_lse:
         return out_obj, lse_obj
     return out_obj
+
+
+_IGNORED = {"fa_version", "num_splits", "scheduler_metadata", "pack_gqa", "sm_margin",
+            "q_v", "cache_leftpad", "rotary_interleaved"}
+
+
+def _check_ignored(ignored):
+    for key, val in ignored.items():
+        if key in ("rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "q_v"):
+            if val is not None:
+                raise NotImplementedError("%s is not supported by pagedattn" % key)
+            continue
+        if key not in _IGNORED:
+            raise TypeError("unexpected keyword argument %r" % key)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=None,
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    return_softmax_lse=False, out=None, s_aux=None, backend=None, **ignored):
+    """Dense batched attention, as FlashAttention's ``flash_attn_func``.
+
+    Args:
+        q: ``[batch, seqlen_q, num_heads, head_size]``; k, v: ``[batch, seqlen_k, num_kv_heads,
+            head_size]``. Other arguments as in :func:`flash_attn_varlen_func` (causal is
+            bottom-right aligned).
+
+    Returns:
+        ``out [batch, seqlen_q, num_heads, head_size]``, or with ``return_softmax_lse`` /
+        ``return_attn_probs`` also the LSE ``[batch, num_heads, seqlen_q]`` (and None).
+    """
+    _check_ignored(ignored)
+    _compat(dropout_p, return_attn_probs, None, None, None, 1.0, 1.0)
+    qv = A.float_view(q, "q")
+    kv_, vv_ = A.view(k, "k"), A.view(v, "v")
+    A.check_ndim(qv, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
+    A.check_ndim(kv_, "k", 4, "[batch, seqlen_k, num_kv_heads, head_size]")
+    B, Sq, H, D = qv.shape
+    Sk = kv_.shape[1]
+    if kv_.shape[0] != B or vv_.shape != kv_.shape:
+        raise ValueError("k %s and v %s must be [batch=%d, seqlen_k, num_kv_heads, head_size]"
+                         % (kv_.shape, vv_.shape, B))
+    q3 = _rows_view(q, "q", None)
+    k3 = _rows_view(k, "k", None)
+    v3 = _rows_view(v, "v", None)
+    cu_q = np.arange(B + 1, dtype=np.int32) * Sq
+    cu_k = np.arange(B + 1, dtype=np.int32) * Sk
+    o3 = None
+    if out is not None:
+        ov = A.float_view(out, "out")
+        if ov.shape != (B, Sq, H, D):
+            raise ValueError("out must be [%d, %d, %d, %d], got %s" % (B, Sq, H, D, ov.shape))
+        o3 = _rows_view(out, "out", None)
+        if o3.ptr != ov.ptr or not ov.is_contiguous():
+            raise ValueError("out must be contiguous")
+    res = flash_attn_varlen_func(_flat(q3), _flat(k3), _flat(v3), Sq, cu_q, Sk, cu_k,
+                                 softmax_scale=softmax_scale, causal=causal,
+                                 window_size=window_size, softcap=softcap,
+                                 alibi_slopes=alibi_slopes, return_softmax_lse=True,
+                                 out=None if out is None else _flat(o3), s_aux=s_aux,
+                                 backend=backend)
+    o, lse = res
+    o = o.reshape(B, Sq, H, D) if out is None else out
+    if return_attn_probs or return_softmax_lse:
+        lse_b = lse.reshape(H, B, Sq).transpose(1, 0, 2)
+        lse_b = lse_b.contiguous() if A.is_torch(lse_b) else np.ascontiguousarray(lse_b)
+        return (o, lse_b, None) if return_attn_probs else (o, lse_b)
+    return o
+
+
+def _flat(v3):
+    """[B*S, H, D] array object for a row View made by _rows_view (reshape of a uniform-row
+    array shares memory)."""
+    obj = v3.obj
+    b = obj.shape[0] * obj.shape[1]
+    return obj.reshape(b, obj.shape[2], obj.shape[3])
 
 
 def _rows_view(x, name, shape4):
@@ -276,7 +397,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                             block_table=None, softmax_scale=None, causal=False, window_size=None,
                             softcap=0.0, alibi_slopes=None, return_softmax_lse=False, out=None,
                             s_aux=None, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0,
-                            backend=None):
+                            backend=None, cache_batch_idx=None, dropout_p=0.0, q_descale=None,
+                            k_descale=None, v_descale=None, **ignored):
     """Attention of a batch of queries over a KV cache, as FlashAttention's
     ``flash_attn_with_kvcache`` (decode, speculative decode, chunked prefill).
 
@@ -295,10 +417,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             aligned: query t of sequence b sits at ``cache_seqlens[b] + seqlen_new - seqlen_q + t``.
         return_softmax_lse: also return the LSE ``[batch, num_heads, seqlen_q]`` float32.
         out: optional output ``[batch, seqlen_q, num_heads, head_size]``.
+        cache_batch_idx: dense caches only: int32 ``[batch]``, the cache row of each sequence.
 
     Returns:
         ``out`` or ``(out, lse)``.
+
+    Rotary embedding arguments are not supported (NotImplementedError when given); tuning
+    keywords (``num_splits``, ``fa_version``, ...) are ignored.
     """
+    _check_ignored(ignored)
+    k_scale, v_scale = _compat(dropout_p, False, q_descale, k_descale, v_descale, k_scale,
+                               v_scale)
     qv4 = A.float_view(q, "q")
     A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
     B, Sq, H, D = qv4.shape
@@ -314,6 +443,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         bt = A.to_np(block_table, np.int32, "block_table", 2)
         if bt.shape[0] != B:
             raise ValueError("block_table has %d rows for batch %d" % (bt.shape[0], B))
+    elif cache_batch_idx is not None:
+        bt = A.to_np(cache_batch_idx, np.int32, "cache_batch_idx", 1).reshape(-1, 1)
+        if bt.shape[0] != B:
+            raise ValueError("cache_batch_idx has %d entries for batch %d" % (bt.shape[0], B))
     else:
         if kcv.shape[0] < B:
             raise ValueError("k_cache holds %d sequences for batch %d" % (kcv.shape[0], B))

@@ -327,3 +327,60 @@ def test_varlen_paged_more_queries_than_keys(backend, rng, causal, window):
                            window=window, alibi=kw.get("alibi_slopes"), sinks=kw.get("s_aux"))
         O.assert_close(out, ro, dt)
         O.lse_close(lse, rl, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_func_and_upstream_order(backend, rng, causal):
+    """flash_attn_func ([batch, seqlen, heads, dim]) and upstream FlashAttention's positional
+    order of flash_attn_varlen_func (cu_seqlens before max_seqlen, dropout_p positional)."""
+    B, Sq, Sk, H, Hkv, D = 2, 5, 8, 4, 2, 16
+    dt = np.dtype(np.float32)
+    q = randn(rng, (B, Sq, H, D), dt)
+    k = randn(rng, (B, Sk, Hkv, D), dt)
+    v = randn(rng, (B, Sk, Hkv, D), dt)
+    sl = (rng.random((B, H)) * 0.3).astype(np.float32)
+    out, lse, _ = pa.flash_attn_func(q, k, v, 0.0, causal=causal, window_size=(2, 1),
+                                     alibi_slopes=sl, return_attn_probs=True, backend=backend)
+    assert out.shape == q.shape and lse.shape == (B, H, Sq)
+    for b in range(B):
+        ro, rl = O.attention(q[b], k[b], v[b], Sk - Sq + np.arange(Sq), scale=D ** -0.5,
+                             causal=causal, window=(2, 1), alibi=sl[b])
+        O.assert_close(out[b], ro, dt)
+        O.lse_close(lse[b], rl.T)
+    cu_q = np.arange(B + 1, dtype=np.int32) * Sq
+    cu_k = np.arange(B + 1, dtype=np.int32) * Sk
+    o2 = pa.flash_attn_varlen_func(q.reshape(-1, H, D), k.reshape(-1, Hkv, D),
+                                   v.reshape(-1, Hkv, D), cu_q, cu_k, Sq, Sk, 0.0,
+                                   causal=causal, window_size=(2, 1), alibi_slopes=sl,
+                                   backend=backend)
+    np.testing.assert_array_equal(o2.reshape(out.shape), out)
+    with pytest.raises(NotImplementedError):
+        pa.flash_attn_func(q, k, v, 0.1)
+
+
+def test_with_kvcache_dense_batch_idx_and_new_kv_shorter(backend, rng):
+    """Dense cache rows chosen by cache_batch_idx; seqlen_new < seqlen_q (FlashAttention's
+    test_flash_attn_kvcache shapes)."""
+    B, Sq, Snew, cap, H, Hkv, D = 2, 4, 2, 12, 4, 1, 32
+    dt = np.dtype(np.float16)
+    kc = nan_cache(3, cap, Hkv, D, dt)
+    vc = nan_cache(3, cap, Hkv, D, dt)
+    idx = np.array([2, 0], np.int32)
+    seqlens = np.array([1, 6], np.int32)
+    for b in range(B):
+        kc[idx[b], :seqlens[b]] = randn(rng, (seqlens[b], Hkv, D), dt)
+        vc[idx[b], :seqlens[b]] = randn(rng, (seqlens[b], Hkv, D), dt)
+    q = randn(rng, (B, Sq, H, D), dt)
+    kn = randn(rng, (B, Snew, Hkv, D), dt)
+    vn = randn(rng, (B, Snew, Hkv, D), dt)
+    out, lse = pa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                          cache_batch_idx=idx, causal=True,
+                                          return_softmax_lse=True, backend=backend)
+    for b in range(B):
+        n = seqlens[b] + Snew
+        K, V = O.to_f64(kc[idx[b], :n]), O.to_f64(vc[idx[b], :n])
+        np.testing.assert_array_equal(kc[idx[b], seqlens[b]:n], kn[b])
+        ro, rl = O.attention(q[b], K, V, n - Sq + np.arange(Sq), scale=D ** -0.5)
+        O.assert_close(out[b], ro, dt)
+        O.lse_close(lse[b], rl.T, atol=2e-3)
+    assert np.isnan(kc[1]).all()
