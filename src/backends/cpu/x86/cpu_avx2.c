@@ -94,6 +94,43 @@ static inline float hsum1(__m256 a)
 static void a2_qk(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds)
 {
     int r = 0;
+    /* 6 rows x 2 keys: 12 accumulators hide the FMA latency (prefill tiles) */
+    for (; r + 6 <= nr && nr != 4; r += 6) {
+        const float *q0 = q + (size_t)r * dp;
+        int c = 0;
+        for (; c + 2 <= nc; c += 2) {
+            const float *k0 = k + (size_t)c * dp, *k1 = k0 + dp;
+            __m256 a[6][2];
+            for (int i = 0; i < 6; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x0 = _mm256_load_ps(k0 + j), x1 = _mm256_load_ps(k1 + j);
+                for (int i = 0; i < 6; i++) {
+                    __m256 y = _mm256_load_ps(q0 + (size_t)i * dp + j);
+                    a[i][0] = _mm256_fmadd_ps(y, x0, a[i][0]);
+                    a[i][1] = _mm256_fmadd_ps(y, x1, a[i][1]);
+                }
+            }
+            float t[16];
+            __m256 z = _mm256_setzero_ps();
+            _mm256_storeu_ps(t, hsum8(a[0][0], a[0][1], a[1][0], a[1][1], a[2][0], a[2][1], a[3][0], a[3][1]));
+            _mm256_storeu_ps(t + 8, hsum8(a[4][0], a[4][1], a[5][0], a[5][1], z, z, z, z));
+            for (int i = 0; i < 6; i++) {
+                s[(size_t)(r + i) * lds + c] = t[2 * i];
+                s[(size_t)(r + i) * lds + c + 1] = t[2 * i + 1];
+            }
+        }
+        for (; c < nc; c++) {
+            const float *k0 = k + (size_t)c * dp;
+            __m256 a[6];
+            for (int i = 0; i < 6; i++) a[i] = _mm256_setzero_ps();
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x = _mm256_load_ps(k0 + j);
+                for (int i = 0; i < 6; i++)
+                    a[i] = _mm256_fmadd_ps(_mm256_load_ps(q0 + (size_t)i * dp + j), x, a[i]);
+            }
+            for (int i = 0; i < 6; i++) s[(size_t)(r + i) * lds + c] = hsum1(a[i]);
+        }
+    }
     for (; r + 4 <= nr; r += 4) {
         const float *q0 = q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
         int c = 0;
@@ -229,6 +266,33 @@ static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
                   const float *alpha, const unsigned char *colmask, float *o)
 {
     int r = 0;
+    /* 6 rows x 16 dims: 12 accumulators (prefill tiles) */
+    for (; r + 6 <= nr && nr != 4; r += 6) {
+        const float *p0 = p + (size_t)r * ldp;
+        float *o0 = o + (size_t)r * dp;
+        for (int j = 0; j < dp; j += 16) {
+            __m256 a[6][2];
+            for (int i = 0; i < 6; i++) {
+                __m256 al = _mm256_set1_ps(alpha[r + i]);
+                a[i][0] = _mm256_mul_ps(_mm256_load_ps(o0 + (size_t)i * dp + j), al);
+                a[i][1] = _mm256_mul_ps(_mm256_load_ps(o0 + (size_t)i * dp + j + 8), al);
+            }
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const float *vc = v + (size_t)c * dp + j;
+                __m256 x0 = _mm256_load_ps(vc), x1 = _mm256_load_ps(vc + 8);
+                for (int i = 0; i < 6; i++) {
+                    __m256 w = _mm256_broadcast_ss(p0 + (size_t)i * ldp + c);
+                    a[i][0] = _mm256_fmadd_ps(w, x0, a[i][0]);
+                    a[i][1] = _mm256_fmadd_ps(w, x1, a[i][1]);
+                }
+            }
+            for (int i = 0; i < 6; i++) {
+                _mm256_store_ps(o0 + (size_t)i * dp + j, a[i][0]);
+                _mm256_store_ps(o0 + (size_t)i * dp + j + 8, a[i][1]);
+            }
+        }
+    }
     for (; r + 4 <= nr; r += 4) {
         const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
         float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
