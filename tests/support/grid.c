@@ -27,7 +27,7 @@ typedef struct gseq {
 } gseq;
 
 typedef struct gcase {
-    char name[200];
+    char name[256];
     int32_t H, Hkv, D, B;
     int layout;
     pa_dtype cache, qd, kvd, outd;
@@ -76,14 +76,30 @@ static const char *layout_name(int l)
 
 static void name_case(gcase *c, const char *tag)
 {
-    char seqs[96] = "", *p = seqs;
+    char seqs[96] = "", *p = seqs, feat[96] = "", *f = feat;
     for (int i = 0; i < c->nseq && p < seqs + sizeof seqs - 24; i++)
         p += snprintf(p, (size_t)(seqs + sizeof seqs - p), "%s%d+%d%s", i ? "," : "", c->seqs[i].ctx,
                       c->seqs[i].q, c->seqs[i].enc ? "e" : "");
-    snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s [%s]", tag,
+#define FEAT(...) f += snprintf(f, (size_t)(feat + sizeof feat - f), __VA_ARGS__)
+    if (c->sw) FEAT(" sw%d", c->sw);
+    if (c->wl != -1 || c->wr != -1) FEAT(" win(%d,%d)", c->wl, c->wr);
+    if (c->alibi) FEAT(" alibi");
+    if (c->softcap > 0) FEAT(" cap%g", (double)c->softcap);
+    if (c->sinks) FEAT(" sinks");
+    if (c->bs.block_size) FEAT(" sparse(%d,%d,%d,%s%d)", c->bs.block_size, c->bs.local_blocks, c->bs.vert_stride,
+                               c->bs.homo_head ? "homo," : "", c->bs.head_sliding_step);
+    if (c->kscale != 1.0f || c->vscale != 1.0f) FEAT(" ks%g vs%g", (double)c->kscale, (double)c->vscale);
+    if (c->fused) FEAT(" fused");
+    if (c->lse_mode == LSE_HT) FEAT(" lse[h,t]");
+    if (c->lse_mode == LSE_NONE) FEAT(" no-lse");
+    if (c->no_kv) FEAT(" kv-cached");
+    if (c->explicit_slots) FEAT(" slots-1");
+    if (c->share_prefix) FEAT(" shared-blocks");
+#undef FEAT
+    snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s%s [%s]", tag,
              pa_attn_type_name(c->type), c->H, c->Hkv, c->D, c->B, layout_name(c->layout),
              pa_dtype_name(c->qd), pa_dtype_name(c->kvd), pa_dtype_name(c->outd),
-             pa_dtype_name(c->cache), seqs);
+             pa_dtype_name(c->cache), feat, seqs);
 }
 
 static void push(gcase c, const char *tag)
@@ -304,6 +320,62 @@ static void build_type_cases(void)
     push(c, "cross-empty");
 }
 
+static uint64_t rng_next(uint64_t *s);
+
+/* Random combinations: every feature, dtype, layout and geometry drawn independently (seeded),
+ * so that features meet each other beyond the hand-picked rows above. */
+static void build_random_cases(void)
+{
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {6, 3}};
+    static const int32_t dims[] = {16, 32, 48, 64, 80, 96, 112, 120, 128, 160, 256, 24, 72};
+    static const int32_t blocks[] = {1, 3, 8, 16, 32, 64, 7, 13};
+    uint64_t r = 0xC0FFEE;
+#define PICK(arr) arr[rng_next(&r) % (sizeof arr / sizeof arr[0])]
+#define COIN(n) (rng_next(&r) % (n) == 0)
+    for (int i = 0; i < 48; i++) {
+        gcase c = base_case();
+        int hi = (int)(rng_next(&r) % 5);
+        c.H = heads[hi][0], c.Hkv = heads[hi][1];
+        c.D = PICK(dims);
+        c.B = PICK(blocks);
+        c.layout = (int)(rng_next(&r) % 4);
+        c.cache = (pa_dtype)(rng_next(&r) % 5);
+        c.qd = (pa_dtype)(rng_next(&r) % 3), c.kvd = (pa_dtype)(rng_next(&r) % 3), c.outd = (pa_dtype)(rng_next(&r) % 3);
+        c.type = COIN(5) ? (pa_attn_type)(1 + rng_next(&r) % 3) : PA_ATTN_DECODER;
+        bool cross = c.type == PA_ATTN_ENCODER_DECODER, self_only = c.type == PA_ATTN_ENCODER || c.type == PA_ATTN_ENCODER_ONLY;
+        c.nseq = 1 + (int)(rng_next(&r) % 6);
+        int decodes = 0;
+        for (int k = 0; k < c.nseq; k++) {
+            int32_t ctx = self_only ? 0 : (int32_t)(rng_next(&r) % 300);
+            int32_t q = COIN(2) ? 1 + (int32_t)(rng_next(&r) % 3) : 1 + (int32_t)(rng_next(&r) % 90);
+            int prefill = k < c.nseq / 2 || self_only || cross;
+            if (!prefill) decodes++;
+            c.seqs[k] = (gseq){ctx, q, prefill, cross ? (int32_t)(rng_next(&r) % 60) : 0};
+        }
+        (void)decodes;
+        if (!cross && COIN(3)) {
+            if (COIN(2)) c.sw = 1 + (int32_t)(rng_next(&r) % 64);
+            else c.wl = (int32_t)(rng_next(&r) % 40) - 1, c.wr = (int32_t)(rng_next(&r) % 10) - 1;
+        }
+        if (!cross && COIN(3)) c.alibi = 1;
+        if (COIN(3)) c.softcap = 1.0f + (float)(rng_next(&r) % 30);
+        if (COIN(3)) c.sinks = 1;
+        if (c.type == PA_ATTN_DECODER && COIN(5))
+            c.bs = (pa_blocksparse){(int32_t)(4 + rng_next(&r) % 29), (int32_t)(rng_next(&r) % 3),
+                                    (int32_t)(1 + rng_next(&r) % 4), (int32_t)COIN(3),
+                                    (int32_t)(rng_next(&r) % 5) - 2, (int32_t)(rng_next(&r) % 2)};
+        if (pa_dtype_size(c.cache) == 1 && COIN(2)) c.kscale = 0.05f * (float)(1 + rng_next(&r) % 40), c.vscale = 0.05f * (float)(1 + rng_next(&r) % 40);
+        c.fused = !cross && COIN(4);
+        c.lse_mode = (int)(rng_next(&r) % 3);
+        c.no_kv = !self_only && COIN(6);
+        c.explicit_slots = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
+        c.qscale = (float)(rng_next(&r) % 4) * 2.0f + 0.5f;
+        push(c, "random");
+    }
+#undef PICK
+#undef COIN
+}
+
 static void build_cases(void)
 {
     if (ncases) return;
@@ -312,6 +384,7 @@ static void build_cases(void)
     build_feature_cases();
     build_batch_cases();
     build_type_cases();
+    build_random_cases();
 }
 
 int grid_count(void)
