@@ -139,12 +139,14 @@ static pa_status validate(const pa_layer_config *c)
 static void fill_blocksparse_offsets(struct pa_layer *L)
 {
     const pa_blocksparse *b = &L->cfg.blocksparse;
-    int64_t step = b->homo_head ? 0 : b->head_sliding_step;
+    /* Only o_h mod vert_stride matters; reducing the factors first keeps the products in range
+     * for any tp_rank, head count and step (the unreduced product can exceed int64). */
+    int64_t vs = b->vert_stride, step = b->homo_head ? 0 : b->head_sliding_step;
+    int64_t step_mod = (step >= 0 ? step : -step) % vs;
     for (int32_t h = 0; h < L->cfg.num_heads; h++) {
-        int64_t o = step >= 0
-                        ? ((int64_t)b->tp_rank * L->cfg.num_heads + h) * step + 1
-                        : ((int64_t)b->tp_rank * L->cfg.num_kv_heads + h / L->group) * -step + 1;
-        L->bs_offset[h] = (int32_t)(o % b->vert_stride);
+        int64_t g = step >= 0 ? (int64_t)b->tp_rank * L->cfg.num_heads + h
+                              : (int64_t)b->tp_rank * L->cfg.num_kv_heads + h / L->group;
+        L->bs_offset[h] = (int32_t)(((g % vs) * step_mod + 1) % vs);
     }
 }
 
