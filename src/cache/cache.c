@@ -14,8 +14,9 @@ pa_status pa_cache_init(pa_cache *c, pa_cache_layout layout, pa_dtype dtype, int
                         "pa_cache_init: num_blocks %lld, block_size %d, num_kv_heads %d, "
                         "head_size %d must all be >= 1",
                         (long long)num_blocks, block_size, num_kv_heads, head_size);
-    int64_t per_block = (int64_t)block_size * num_kv_heads * head_size, total;
-    if (!pa__mul_i64(per_block, num_blocks, &total) ||
+    int64_t per_block, total;
+    if (!pa__mul_i64((int64_t)block_size * num_kv_heads, head_size, &per_block) ||
+        !pa__mul_i64(per_block, num_blocks, &total) ||
         (uint64_t)total > (uint64_t)INT64_MAX / 8)
         return pa__fail(PA_STATUS_OVERFLOW, "pa_cache_init: %lld blocks of %lld elements overflow",
                         (long long)num_blocks, (long long)per_block);
