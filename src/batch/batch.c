@@ -54,10 +54,15 @@ static pa_status check_seq(const pa_batch_config *cfg, const pa_seq *q, int32_t 
 
 static pa_status check_slots(const int64_t *slots, int64_t n, int64_t pool_slots, const char *what)
 {
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         if (slots[i] >= pool_slots)
             return pa__fail(PA_STATUS_OUT_OF_RANGE, "%s[%lld] = %lld is beyond the pool's %lld slots",
                             what, (long long)i, (long long)slots[i], (long long)pool_slots);
+        if (slots[i] < -1)
+            return pa__fail(PA_STATUS_OUT_OF_RANGE,
+                            "%s[%lld] = %lld: a slot is -1 (not written) or in [0, %lld)", what,
+                            (long long)i, (long long)slots[i], (long long)pool_slots);
+    }
     bool dup;
     int64_t v;
     pa_status s = pa__find_duplicate(slots, n, 1, true, &dup, &v);
@@ -153,14 +158,18 @@ static pa_status check_config(const pa_batch_config *cfg, const pa_seq *seqs, in
 
 pa_status pa_batch_create(const pa_batch_config *cfg, const pa_seq *seqs, int32_t n, pa_batch **out)
 {
+    if (out) *out = NULL;
     pa_status s = check_config(cfg, seqs, n, out);
     if (s) return s;
-    *out = NULL;
     bool decode_seen = false;
-    int64_t tokens = 0, enc_tokens = 0, width = 0, cross_width = 0;
+    int64_t tokens = 0, enc_tokens = 0, width = 0, cross_width = 0, kv_total = 0;
     for (int32_t i = 0; i < n; i++) {
         if ((s = check_seq(cfg, &seqs[i], i, &decode_seen))) return s;
         tokens += seqs[i].query_len;
+        kv_total += (int64_t)seqs[i].context_len + seqs[i].query_len;
+        if (kv_total > INT32_MAX) /* seq_start_loc is an int32 cumsum */
+            return pa__fail(PA_STATUS_OVERFLOW,
+                            "pa_batch_create: the sequence lengths up to seqs[%d] sum beyond int32", i);
         enc_tokens += seqs[i].encoder_len;
         int64_t need = seqs[i].num_blocks > 0
                            ? blocks_for((int64_t)seqs[i].context_len + seqs[i].query_len, cfg->block_size)
