@@ -110,9 +110,17 @@ static pa_status row_stride(int64_t *stride, int64_t row, const char *what)
 static bool strides_2d_ok(int64_t rows, int64_t cols, int64_t rs, int64_t cs)
 {
     if (rs < 0 || cs < 0) return false;
+    /* The last element's offset must be representable (backends index with int64). */
+    int64_t a, b;
+    if (rows > 0 && cols > 0 &&
+        (!pa__mul_i64(rows - 1, rs, &a) || !pa__mul_i64(cols - 1, cs, &b) || !pa__add_i64(a, b, &a)))
+        return false;
     if (rows <= 1) return cols <= 1 || cs >= 1;
     if (cols <= 1) return rs >= 1;
-    return (cs >= 1 && rs >= cs * cols) || (rs >= 1 && cs >= rs * rows);
+    /* A product that overflows int64 exceeds any stride, so that ordering does not hold. */
+    int64_t span;
+    return (cs >= 1 && pa__mul_i64(cs, cols, &span) && rs >= span) ||
+           (rs >= 1 && pa__mul_i64(rs, rows, &span) && cs >= span);
 }
 
 static pa_status check_cache_for(const struct pa_context *ctx, const struct pa_layer *L,
@@ -372,7 +380,7 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
                         (long long)a->num_tokens, a->num_heads, a->head_size, (int)a->dtype);
     if (a->num_tokens > 0 && (!a->out_a || !a->lse_a || !a->out_b || !a->lse_b || !a->out))
         return pa__fail(PA_STATUS_NULL_POINTER, "pa_merge_states: out_a, lse_a, out_b, lse_b and out are required");
-    if (a->out == a->out_a || a->out == a->out_b)
+    if (a->out && (a->out == a->out_a || a->out == a->out_b))
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: out must not alias an input");
     pa_merge_args r = *a;
     if (r.lse_token_stride == 0 && r.lse_head_stride == 0) {
