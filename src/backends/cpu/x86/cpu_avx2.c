@@ -26,18 +26,20 @@ static inline __m256 cvt_e5m2x8(const void *p)
     return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
 }
 
-/* E4M3: the 7 magnitude bits placed at the top of an f32 mantissa read as 2^-127-biased value;
- * times 2^120 rebias (subnormals come out right as f32 subnormals times 2^120); 0x7f is NaN. */
-static inline __m256 cvt_e4m3x8(const void *p)
+/* E4M3, 16 at a time through f16: the 7 magnitude bits shifted into an f16's exponent and
+ * mantissa read as a value 2^-8 times the E4M3 one (E4M3 subnormals land on f16 subnormals,
+ * exactly); the f32 result is scaled by 2^8. S.1111.111 is NaN: forced to an f16 NaN. */
+static inline void cvt_e4m3x16(const void *p, float *dst)
 {
-    __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)),
-                             _mm256_set1_ps(0x1p120f));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
-    __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
-    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), nan);
+    __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i mag = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16(0x3f80));
+    __m256i sign = _mm256_and_si256(_mm256_slli_epi16(x, 8), _mm256_set1_epi16((short)0x8000));
+    __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)),
+                                   _mm256_set1_epi16(0x7e00));
+    __m256i h = _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+    __m256 s = _mm256_set1_ps(256.0f);
+    _mm256_store_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s));
+    _mm256_store_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s));
 }
 
 static void a2_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
@@ -58,7 +60,7 @@ static void a2_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, 
             for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_bf16x8(src + 2 * j));
             break;
         case PA_DTYPE_FP8_E4M3:
-            for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_e4m3x8(src + j));
+            for (; j + 16 <= d; j += 16) cvt_e4m3x16(src + j, o + j);
             break;
         case PA_DTYPE_FP8_E5M2:
             for (; j < dv; j += 8) _mm256_store_ps(o + j, cvt_e5m2x8(src + j));
