@@ -143,10 +143,11 @@ PA_API uint8_t pa_f32_to_fp8e4m3(float f);
 PA_API float pa_fp8e5m2_to_f32(uint8_t x);
 PA_API uint8_t pa_f32_to_fp8e5m2(float f);
 
-/* Converts n elements: dst[i] = convert(src[i] * scale) when narrowing into fp8 the value is
- * first divided by scale (quantization, x / scale), and when widening from fp8 it is multiplied
- * by scale (dequantization); scale is ignored (must be 1) for other pairs. src and dst must not
- * overlap. INVALID_ARGUMENT for a bad dtype or a non-finite or non-positive scale. */
+/* Converts n elements of src_dtype into dst_dtype. Into fp8 the value is first divided by scale
+ * (quantization: quant(x / scale)); out of fp8 it is multiplied by scale after decoding
+ * (dequantization); fp8 to fp8 and pairs without fp8 ignore scale. src and dst must not overlap.
+ * INVALID_ARGUMENT for a bad dtype, a non-finite or non-positive scale, or overlapping buffers;
+ * NULL_POINTER for NULL buffers with n > 0; OVERFLOW if n elements exceed the address space. */
 PA_API pa_status pa_convert(pa_dtype dst_dtype, void *dst, pa_dtype src_dtype, const void *src,
                             size_t n, float scale);
 
@@ -197,7 +198,8 @@ typedef struct pa_layer_config {
 
     /* Local attention window: key j is visible from position p iff p - window_left <= j <=
      * p + window_right; -1 = unbounded on that side. Default (-1, -1). For the decoder type
-     * window_right > 0 changes nothing (causal already hides j > p). */
+     * window_right > 0 changes nothing (causal already hides j > p). encoder_decoder layers
+     * take no window and no ALiBi (decoder and encoder positions are unrelated). */
     int32_t window_left, window_right;
     /* vLLM's sliding_window W (> 0): the same as window (W - 1, 0): at most W keys, the token
      * itself included. 0 = none. Must not be combined with window_left/right other than -1. */
