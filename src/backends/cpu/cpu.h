@@ -42,6 +42,13 @@ typedef struct pa__cpu_kernels {
     /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c]. */
     void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                const float *alpha, const unsigned char *colmask, float *o);
+    /* Optional (NULL: convert to scratch with load_rows, then qk / pv). The same products
+     * straight from the cache rows, converting in registers; only for head_size % 16 == 0
+     * (so dp == d) and short tiles (decode). */
+    void (*qk_src)(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                   float *s, int lds);
+    void (*pv_src)(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
+                   int dp, const float *alpha, const unsigned char *colmask, float *o);
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
 } pa__cpu_kernels;

@@ -221,6 +221,9 @@ static void run_item(void *arg, int64_t index, int thread)
         key_src ks[CPU_KROWS / 16];
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
         const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
+        /* short tiles (decode) read K and V straight from the cache, converting in registers:
+         * nothing to amortize a converted copy over */
+        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= 8;
         int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
         for (; j0 < uhi; j0 += kt) {
             int64_t a = j0 > ulo ? j0 : ulo;
@@ -250,9 +253,14 @@ static void run_item(void *arg, int64_t index, int thread)
             /* K of every KV head (head after head: whole blocks front to back in HND), scores */
             for (int k = 0; k < it->nkv; k++) {
                 float *kk = sc->k + (size_t)k * kt * dp;
+                float *sk = sc->s + (size_t)k * nrk * CPU_KT;
                 key_rows(&ks[k], false, a, nc, sc->rows);
-                K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
-                K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sc->s + (size_t)k * nrk * CPU_KT, CPU_KT);
+                if (direct) {
+                    K->qk_src(ks[k].dtype, sc->rows, nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
+                } else {
+                    K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
+                    K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
+                }
             }
             score_fix(L, sc, nr, a, nc);
 
@@ -286,8 +294,13 @@ static void run_item(void *arg, int64_t index, int thread)
                 }
                 float *vv = sc->v + (size_t)k * kt * dp;
                 key_rows(&ks[k], true, a, nc, sc->rows);
-                K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
-                K->pv(pk, CPU_KT, nrk, vv, nc, dp, sc->alpha + k * nrk, cm, sc->o + (size_t)k * nrk * dp);
+                if (direct) {
+                    K->pv_src(ks[k].dtype, sc->rows, nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
+                              sc->o + (size_t)k * nrk * dp);
+                } else {
+                    K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
+                    K->pv(pk, CPU_KT, nrk, vv, nc, dp, sc->alpha + k * nrk, cm, sc->o + (size_t)k * nrk * dp);
+                }
             }
         }
     }

@@ -93,4 +93,6 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->exp_row = g_exp_row;
     k->pv = g_pv;
     k->store_row = g_store_row;
+    k->qk_src = NULL;
+    k->pv_src = NULL;
 }

@@ -368,6 +368,186 @@ static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
     }
 }
 
+/* ---- decode: products straight from the cache rows ------------------------------------------ */
+
+/* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
+static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
+{
+    switch (dt) {
+    case PA_DTYPE_F16: return cvt_f16x8(p);
+    case PA_DTYPE_BF16: return cvt_bf16x8(p);
+    case PA_DTYPE_FP8_E5M2: return cvt_e5m2x8(p);
+    case PA_DTYPE_FP8_E4M3: {
+        __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+        __m128i mag = _mm_and_si128(_mm_slli_epi16(x, 7), _mm_set1_epi16(0x3f80));
+        __m128i sign = _mm_and_si128(_mm_slli_epi16(x, 8), _mm_set1_epi16((short)0x8000));
+        __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x7e00));
+        __m128i h = _mm_or_si128(_mm_or_si128(mag, sign), nan);
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    }
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const void *const *krows,
+                                                              int nc, const float *q, int nr, int dp,
+                                                              float *s, int lds)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *q0 = q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
+        int c = 0;
+        for (; c + 2 <= nc; c += 2) {
+            const char *k0 = krows[c], *k1 = krows[c + 1];
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x0 = cvt8(dt, k0 + j * es), x1 = cvt8(dt, k1 + j * es);
+                __m256 y = _mm256_load_ps(q0 + j);
+                a00 = _mm256_fmadd_ps(y, x0, a00);
+                a01 = _mm256_fmadd_ps(y, x1, a01);
+                y = _mm256_load_ps(q1 + j);
+                a10 = _mm256_fmadd_ps(y, x0, a10);
+                a11 = _mm256_fmadd_ps(y, x1, a11);
+                y = _mm256_load_ps(q2 + j);
+                a20 = _mm256_fmadd_ps(y, x0, a20);
+                a21 = _mm256_fmadd_ps(y, x1, a21);
+                y = _mm256_load_ps(q3 + j);
+                a30 = _mm256_fmadd_ps(y, x0, a30);
+                a31 = _mm256_fmadd_ps(y, x1, a31);
+            }
+            float t[8];
+            _mm256_storeu_ps(t, hsum8(a00, a01, a10, a11, a20, a21, a30, a31));
+            for (int i = 0; i < 4; i++) {
+                s[(size_t)(r + i) * lds + c] = t[2 * i];
+                s[(size_t)(r + i) * lds + c + 1] = t[2 * i + 1];
+            }
+        }
+        for (; c < nc; c++) {
+            const char *k0 = krows[c];
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int j = 0; j < dp; j += 8) {
+                __m256 x = cvt8(dt, k0 + j * es);
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
+                a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
+                a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
+            }
+            s[(size_t)r * lds + c] = hsum1(a0);
+            s[(size_t)(r + 1) * lds + c] = hsum1(a1);
+            s[(size_t)(r + 2) * lds + c] = hsum1(a2);
+            s[(size_t)(r + 3) * lds + c] = hsum1(a3);
+        }
+    }
+    for (; r < nr; r++) {
+        const float *q0 = q + (size_t)r * dp;
+        for (int c = 0; c < nc; c++) {
+            const char *k0 = krows[c];
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+            for (int j = 0; j < dp; j += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), cvt8(dt, k0 + j * es), a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j + 8), cvt8(dt, k0 + (j + 8) * es), a1);
+            }
+            s[(size_t)r * lds + c] = hsum1(_mm256_add_ps(a0, a1));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const void *const *vrows,
+                                                              int nc, const float *p, int ldp, int nr,
+                                                              int dp, const float *alpha,
+                                                              const unsigned char *colmask, float *o)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
+        float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
+        __m256 al0 = _mm256_set1_ps(alpha[r]), al1 = _mm256_set1_ps(alpha[r + 1]);
+        __m256 al2 = _mm256_set1_ps(alpha[r + 2]), al3 = _mm256_set1_ps(alpha[r + 3]);
+        for (int j = 0; j < dp; j += 16) {
+            __m256 c00 = _mm256_mul_ps(_mm256_load_ps(o0 + j), al0);
+            __m256 c01 = _mm256_mul_ps(_mm256_load_ps(o0 + j + 8), al0);
+            __m256 c10 = _mm256_mul_ps(_mm256_load_ps(o1 + j), al1);
+            __m256 c11 = _mm256_mul_ps(_mm256_load_ps(o1 + j + 8), al1);
+            __m256 c20 = _mm256_mul_ps(_mm256_load_ps(o2 + j), al2);
+            __m256 c21 = _mm256_mul_ps(_mm256_load_ps(o2 + j + 8), al2);
+            __m256 c30 = _mm256_mul_ps(_mm256_load_ps(o3 + j), al3);
+            __m256 c31 = _mm256_mul_ps(_mm256_load_ps(o3 + j + 8), al3);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const char *vc = (const char *)vrows[c] + j * es;
+                __m256 x0 = cvt8(dt, vc), x1 = cvt8(dt, vc + 8 * es);
+                __m256 w = _mm256_broadcast_ss(p0 + c);
+                c00 = _mm256_fmadd_ps(w, x0, c00);
+                c01 = _mm256_fmadd_ps(w, x1, c01);
+                w = _mm256_broadcast_ss(p1 + c);
+                c10 = _mm256_fmadd_ps(w, x0, c10);
+                c11 = _mm256_fmadd_ps(w, x1, c11);
+                w = _mm256_broadcast_ss(p2 + c);
+                c20 = _mm256_fmadd_ps(w, x0, c20);
+                c21 = _mm256_fmadd_ps(w, x1, c21);
+                w = _mm256_broadcast_ss(p3 + c);
+                c30 = _mm256_fmadd_ps(w, x0, c30);
+                c31 = _mm256_fmadd_ps(w, x1, c31);
+            }
+            _mm256_store_ps(o0 + j, c00);
+            _mm256_store_ps(o0 + j + 8, c01);
+            _mm256_store_ps(o1 + j, c10);
+            _mm256_store_ps(o1 + j + 8, c11);
+            _mm256_store_ps(o2 + j, c20);
+            _mm256_store_ps(o2 + j + 8, c21);
+            _mm256_store_ps(o3 + j, c30);
+            _mm256_store_ps(o3 + j + 8, c31);
+        }
+    }
+    for (; r < nr; r++) {
+        const float *pr = p + (size_t)r * ldp;
+        float *orow = o + (size_t)r * dp;
+        __m256 al = _mm256_set1_ps(alpha[r]);
+        for (int j = 0; j < dp; j += 16) {
+            __m256 a0 = _mm256_mul_ps(_mm256_load_ps(orow + j), al);
+            __m256 a1 = _mm256_mul_ps(_mm256_load_ps(orow + j + 8), al);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const char *vc = (const char *)vrows[c] + j * es;
+                __m256 w = _mm256_broadcast_ss(pr + c);
+                a0 = _mm256_fmadd_ps(w, cvt8(dt, vc), a0);
+                a1 = _mm256_fmadd_ps(w, cvt8(dt, vc + 8 * es), a1);
+            }
+            _mm256_store_ps(orow + j, a0);
+            _mm256_store_ps(orow + j + 8, a1);
+        }
+    }
+}
+
+static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                      float *s, int lds)
+{
+    switch (dtype) {
+    case PA_DTYPE_F32: qk_src_body(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_F16: qk_src_body(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_BF16: qk_src_body(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_FP8_E4M3: qk_src_body(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_FP8_E5M2: qk_src_body(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
+    default: break;
+    }
+}
+
+static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
+                      int dp, const float *alpha, const unsigned char *colmask, float *o)
+{
+    switch (dtype) {
+    case PA_DTYPE_F32: pv_src_body(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_F16: pv_src_body(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_BF16: pv_src_body(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_FP8_E4M3: pv_src_body(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_FP8_E5M2: pv_src_body(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    default: break;
+    }
+}
+
 /* ---- output ------------------------------------------------------------------------------- */
 
 static void a2_store_row(pa_dtype dtype, const float *src, int d, float mul, void *dst)
@@ -414,4 +594,6 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->exp_row = a2_exp_row;
     k->pv = a2_pv;
     k->store_row = a2_store_row;
+    k->qk_src = a2_qk_src;
+    k->pv_src = a2_pv_src;
 }
