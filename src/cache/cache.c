@@ -37,6 +37,8 @@ pa_status pa_cache_init(pa_cache *c, pa_cache_layout layout, pa_dtype dtype, int
 static int64_t span(const pa_cache *c)
 {
     int64_t a, b, d, s;
+    if (c->num_blocks < 1 || c->block_size < 1 || c->num_kv_heads < 1 || c->head_size < 1)
+        return -1; /* also keeps the "- 1"s below from overflowing */
     if (!pa__mul_i64(c->num_blocks - 1, c->block_stride, &a) ||
         !pa__mul_i64(c->block_size - 1, c->token_stride, &b) ||
         !pa__mul_i64(c->num_kv_heads - 1, c->head_stride, &d) || !pa__add_i64(a, b, &s) ||
