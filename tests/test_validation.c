@@ -265,6 +265,21 @@ static void test_cache_init(void)
     INIT_FAILS(PA_STATUS_OVERFLOW, "overflow", PA_LAYOUT_HND, PA_DTYPE_F16, 2, INT32_MAX, INT32_MAX, 4);
 #undef INIT_FAILS
 
+    /* pool_elems of an invalid geometry is -1, even at the extremes of each type */
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, 2, 2, 1, 2));
+    c.block_size = INT32_MIN;
+    CHECK_INT(pa_cache_pool_elems(&c), -1);
+    c.block_size = 0;
+    CHECK_INT(pa_cache_pool_elems(&c), -1);
+    c.block_size = 2, c.num_blocks = INT64_MIN;
+    CHECK_INT(pa_cache_pool_elems(&c), -1);
+    CHECK_FAILS_WITH(pa_cache_alloc(&c), PA_STATUS_INVALID_ARGUMENT, "invalid cache geometry");
+    c.num_blocks = 2, c.num_kv_heads = INT32_MIN;
+    CHECK_FAILS_WITH(pa_cache_alloc(&c), PA_STATUS_INVALID_ARGUMENT, "invalid cache geometry");
+    c.num_kv_heads = 1, c.head_size = -1;
+    CHECK_INT(pa_cache_pool_elems(&c), -1);
+    CHECK(c.key == NULL);
+
     /* alloc */
     CHECK_FAILS_WITH(pa_cache_alloc(NULL), PA_STATUS_NULL_POINTER, "cache is NULL");
     CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, 2, 2, 1, 2));
