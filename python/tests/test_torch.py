@@ -47,3 +47,62 @@ def test_torch_impl_forward(backend):
     out = impl.forward(x, x, x, cache, md)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.float16
     assert torch.equal(cache[0, 2].reshape(bs, H * D), x[:4])
+
+
+def test_torch_kvcache_merge_and_block_ops(backend):
+    g = torch.Generator().manual_seed(1)
+    B, Sq, H, Hkv, D, bs, nb = 2, 3, 4, 2, 16, 4, 8
+    kc = torch.zeros(nb, bs, Hkv, D, dtype=torch.bfloat16)
+    vc = torch.zeros(nb, bs, Hkv, D, dtype=torch.bfloat16)
+    q = torch.randn(B, Sq, H, D, generator=g).bfloat16()
+    kn = torch.randn(B, Sq, Hkv, D, generator=g).bfloat16()
+    vn = torch.randn(B, Sq, Hkv, D, generator=g).bfloat16()
+    bt = torch.tensor([[0, 1], [5, 6]], dtype=torch.int32)
+    seqlens = torch.tensor([0, 2], dtype=torch.int32)
+    out, lse = pa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                          block_table=bt, causal=True, return_softmax_lse=True,
+                                          backend=backend)
+    assert out.dtype == torch.bfloat16 and lse.shape == (B, H, Sq)
+    f = lambda t: t.float().numpy().astype(np.float64)  # noqa: E731
+    for b in range(B):
+        n = int(seqlens[b]) + Sq
+        pos = np.arange(n)
+        tb = bt[b].numpy()
+        K = f(kc[torch.from_numpy(tb[pos // bs].astype(np.int64)), torch.from_numpy(pos % bs)])
+        V = f(vc[torch.from_numpy(tb[pos // bs].astype(np.int64)), torch.from_numpy(pos % bs)])
+        ro, rl = O.attention(f(q[b]), K, V, n - Sq + np.arange(Sq), scale=D ** -0.5)
+        O.assert_close(f(out[b]), ro, O.BF16)
+        O.lse_close(lse[b].numpy(), rl.T, atol=1e-3)
+    # merge
+    T = 5
+    a, c = torch.randn(T, H, D, generator=g), torch.randn(T, H, D, generator=g)
+    la, lc = torch.randn(H, T, generator=g), torch.randn(H, T, generator=g)
+    o = torch.empty(T, H, D)
+    ol = torch.empty(H, T)
+    pa.merge_attn_states(o, a, la, c, lc, ol)
+    eo, el = O.merge(a.numpy(), la.numpy().T, c.numpy(), lc.numpy().T)
+    np.testing.assert_allclose(o.numpy(), eo, atol=1e-5)
+    np.testing.assert_allclose(ol.numpy(), el.T, atol=1e-5)
+    # block ops on a [2, num_blocks, ...] cache
+    be = pa.get_attn_backend(backend)
+    cache = torch.randn(be.get_kv_cache_shape(nb, bs, Hkv, D), generator=g)
+    ref = cache.clone()
+    be.copy_blocks([cache], torch.tensor([[0, 7]]))
+    ref[:, 7] = ref[:, 0]
+    assert torch.equal(cache, ref)
+    dst = torch.zeros_like(cache)
+    be.swap_blocks(cache, dst, torch.tensor([[3, 1]]))
+    assert torch.equal(dst[:, 1], cache[:, 3]) and (dst[:, 0] == 0).all()
+
+
+def test_torch_fp8_cache_uint8(backend):
+    g = torch.Generator().manual_seed(2)
+    T, H, D, bs, nb = 6, 2, 16, 4, 2
+    key = torch.randn(T, H, D, generator=g)
+    kc = torch.zeros(nb, bs, H, D, dtype=torch.uint8)
+    vc = torch.zeros(nb, bs, H, D, dtype=torch.uint8)
+    slots = torch.arange(T, dtype=torch.int64)
+    pa.reshape_and_cache_flash(key, key, kc, vc, slots, "fp8", torch.tensor(0.5), 0.5)
+    want = O.fp8_encode(key.numpy(), "fp8", 0.5)
+    got = kc.reshape(-1, H, D)[:T].numpy()
+    np.testing.assert_array_equal(got, want)
