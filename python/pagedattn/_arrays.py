@@ -165,14 +165,14 @@ def to_np(x, dtype, name, ndim=None):
     if is_torch(x):
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
-    if a.dtype.kind not in "iub" and not (a.dtype.kind == "f" and np.issubdtype(dtype, np.floating)):
-        if a.size and a.dtype.kind == "f" and np.all(np.mod(a, 1) == 0):
-            pass
-        else:
+    if a.dtype.kind == "f":
+        if a.size and not np.all(np.isfinite(a) & (np.mod(a, 1) == 0)):
             raise ValueError("%s must hold integers, got dtype %s" % (name, a.dtype))
+    elif a.dtype.kind not in "iub":
+        raise ValueError("%s must hold integers, got dtype %s" % (name, a.dtype))
     if ndim is not None and a.ndim != ndim:
         raise ValueError("%s must be %d-D, got shape %s" % (name, ndim, a.shape))
-    if np.issubdtype(dtype, np.integer) and a.size:
+    if a.size:
         info = np.iinfo(dtype)
         if a.min() < info.min or a.max() > info.max:
             raise ValueError("%s: values out of range for %s" % (name, np.dtype(dtype).name))

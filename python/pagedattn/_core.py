@@ -52,8 +52,11 @@ class Layer:
 
     def __del__(self):
         h = getattr(self, "handle", None)
-        if h:
-            lib.pa_layer_destroy(h)
+        if h and lib is not None:
+            try:
+                lib.pa_layer_destroy(h)
+            except Exception:  # interpreter shutdown
+                pass
             self.handle = None
 
     def context(self, backend=None):
@@ -161,15 +164,18 @@ class Batch:
         return p
 
     def __del__(self):
-        plans = getattr(self, "_plans", None)
-        if plans:
-            for p in plans.values():
-                p.close()
-            plans.clear()
-        h = getattr(self, "handle", None)
-        if h:
-            lib.pa_batch_destroy(h)
-            self.handle = None
+        try:
+            plans = getattr(self, "_plans", None)
+            if plans:
+                for p in plans.values():
+                    p.close()
+                plans.clear()
+            h = getattr(self, "handle", None)
+            if h:
+                lib.pa_batch_destroy(h)
+                self.handle = None
+        except Exception:  # interpreter shutdown
+            pass
 
 
 class _Plan:

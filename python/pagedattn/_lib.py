@@ -410,12 +410,6 @@ class Context:
             lib.pa_context_destroy(self.handle)
             self.handle = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 _contexts = {}
 _contexts_lock = threading.Lock()
@@ -431,13 +425,6 @@ def get_context(name):
         return ctx
 
 
-def _close_all():
-    with _contexts_lock:
-        for ctx in _contexts.values():
-            ctx.close()
-        _contexts.clear()
-
-
-import atexit  # noqa: E402
-
-atexit.register(_close_all)
+# Contexts live until the process exits: plans made on a context may be destroyed by the
+# garbage collector at any point of interpreter shutdown, so the contexts are never closed
+# before them (the operating system reclaims their threads and memory at exit).

@@ -112,9 +112,8 @@ def test_decoder_features(backend, rng, feature):
 
 
 @pytest.mark.parametrize("homo", ["per_head", "homo_head", "homo_head_group"])
-def test_decoder_blocksparse(rng, homo):
+def test_decoder_blocksparse(backend, rng, homo):
     """vLLM's block-sparse pattern (local + vertical stride), prefill and decode."""
-    backend = "reference"  # block sparsity is a reference-backend feature at least
     be = pa.get_attn_backend(backend)
     H, Hkv, D, bs, nb = 4, 2, 32, 16, 30
     dt = np.dtype(np.float32)

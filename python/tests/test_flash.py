@@ -384,3 +384,25 @@ def test_with_kvcache_dense_batch_idx_and_new_kv_shorter(backend, rng):
         O.assert_close(out[b], ro, dt)
         O.lse_close(lse[b], rl.T, atol=2e-3)
     assert np.isnan(kc[1]).all()
+
+
+def test_hnd_cache_and_long_decode(backend, rng):
+    """A cache stored HND ([num_blocks, heads, block_size, dim]) passed as a strided
+    [num_blocks, block_size, heads, dim] view; decodes over thousands of keys."""
+    H, Hkv, D, bs = 8, 2, 64, 32
+    dt = np.dtype(np.float16)
+    klens = [3000, 1, 777]
+    nb = sum(-(-k // bs) for k in klens) + 4
+    kst = np.full((nb, Hkv, bs, D), np.nan, np.float32).astype(dt)
+    vst = kst.copy()
+    kc, vc = kst.transpose(0, 2, 1, 3), vst.transpose(0, 2, 1, 3)
+    tabs = tables(rng, klens, bs, nb)
+    fill_cache(rng, kc, vc, tabs, klens, dt)
+    q = randn(rng, (3, 1, H, D), dt)
+    out = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array(klens, np.int32),
+                                     block_table=pad_tables(tabs), causal=True, backend=backend)
+    for b in range(3):
+        K = O.gather(kc, tabs[b], klens[b])
+        V = O.gather(vc, tabs[b], klens[b])
+        ro, _ = O.attention(q[b], K, V, [klens[b] - 1], scale=D ** -0.5)
+        O.assert_close(out[b], ro, dt)
