@@ -90,7 +90,7 @@ template <int NI>
 __global__ void __launch_bounds__(PA_CU_WARPS * 32)
     attn_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
-    extern __shared__ float smem[];
+    PA_CU_DYN_SMEM(float, smem);
     const int D = P.head_size;
     float *Ks = smem;                                 /* [KCHUNK][D + 1] */
     float *Vs = Ks + PA_CU_KCHUNK * (D + 1);          /* [KCHUNK][D] */
@@ -356,12 +356,12 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
             return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: %lld work items exceed one grid",
                             (long long)plan->num_items);
         dim3 grid((unsigned)plan->num_items, (unsigned)p->num_kv_heads);
-        b->fn<<<grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream>>>(*p);
+        PA_CU_LAUNCH(b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, *p);
         PA_CU_CHECK_LAUNCH("attention kernel");
     }
     if (plan->num_comb > 0) {
         dim3 grid((unsigned)plan->num_comb, (unsigned)p->num_heads);
-        combine_kernel<<<grid, 128, 0, ctx->stream>>>(*p);
+        PA_CU_LAUNCH(combine_kernel, grid, 128, 0, ctx->stream, *p);
         PA_CU_CHECK_LAUNCH("split-combine kernel");
     }
     return PA_STATUS_OK;

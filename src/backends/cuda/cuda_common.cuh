@@ -6,11 +6,22 @@
 
 #include "cuda_backend.h"
 
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
+
+/* Kernel launches and dynamic shared memory go through these two macros so that the same
+ * kernels also build, with g++, against the CPU emulator in emu/ (PA_CU_EMULATE), which runs
+ * them with one fiber per CUDA thread: a check of the logic without a GPU. */
+#ifdef PA_CU_EMULATE
+#  include "emu/cuda_emu.h"
+#else
+#  define PA_CU_LAUNCH(kernel, grid, block, smem, stream, ...) \
+      kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#  define PA_CU_DYN_SMEM(type, name) extern __shared__ type name[]
+#endif
 
 /* ---- errors ------------------------------------------------------------------------------- */
 

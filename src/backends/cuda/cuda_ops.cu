@@ -120,7 +120,7 @@ pa_status pa_cu_launch_cache_write(cudaStream_t stream, const pa_cache *c, int s
 {
     if (n <= 0) return PA_STATUS_OK;
     const cache_geom g = geom_of(c);
-    cache_write_kernel<<<grid_for(n), threads_for((int64_t)g.heads * g.dim), 0, stream>>>(
+    PA_CU_LAUNCH(cache_write_kernel, grid_for(n), threads_for((int64_t)g.heads * g.dim), 0, stream,
         g, (int)c->dtype, c->key, c->value, src_dtype, key, k_rs, value, v_rs, slots_dev, n,
         k_scale, v_scale);
     PA_CU_CHECK_LAUNCH("cache write kernel");
@@ -137,15 +137,15 @@ pa_status pa_cu_launch_block_copy(cudaStream_t stream, const pa_cache *src, cons
     const int threads = threads_for((int64_t)gs.bs * gs.heads * gs.dim);
     switch (pa_dtype_size(src->dtype)) {
     case 4:
-        block_copy_kernel<uint32_t><<<grid, threads, 0, stream>>>(
+        PA_CU_LAUNCH(block_copy_kernel<uint32_t>, grid, threads, 0, stream,
             gs, (const uint32_t *)src_pool, gd, (uint32_t *)dst_pool, pairs_dev, num_pairs);
         break;
     case 2:
-        block_copy_kernel<uint16_t><<<grid, threads, 0, stream>>>(
+        PA_CU_LAUNCH(block_copy_kernel<uint16_t>, grid, threads, 0, stream,
             gs, (const uint16_t *)src_pool, gd, (uint16_t *)dst_pool, pairs_dev, num_pairs);
         break;
     case 1:
-        block_copy_kernel<uint8_t><<<grid, threads, 0, stream>>>(
+        PA_CU_LAUNCH(block_copy_kernel<uint8_t>, grid, threads, 0, stream,
             gs, (const uint8_t *)src_pool, gd, (uint8_t *)dst_pool, pairs_dev, num_pairs);
         break;
     default: return pa__fail(PA_STATUS_INTERNAL, "cuda: bad cache dtype %d", (int)src->dtype);
@@ -164,7 +164,7 @@ pa_status pa_cu_launch_merge(cudaStream_t stream, const pa_merge_args *a, int64_
                         "2^31-1 and 65535)",
                         (long long)a->num_tokens, a->num_heads);
     dim3 grid((unsigned)a->num_tokens, (unsigned)a->num_heads);
-    merge_kernel<<<grid, threads_for(a->head_size), 0, stream>>>(
+    PA_CU_LAUNCH(merge_kernel, grid, threads_for(a->head_size), 0, stream,
         (int)a->dtype, a->num_heads, a->head_size, a->out_a, a->lse_a, a->out_b, a->lse_b, a->out,
         a->out_lse, lse_ts, lse_hs);
     PA_CU_CHECK_LAUNCH("merge_states kernel");

@@ -1,0 +1,212 @@
+/* cuda_emu.cpp: see cuda_emu.h. Fibers (ucontext) for CUDA threads; host memory for device
+ * memory; streams are synchronous (every launch and copy completes before the call returns). */
+#include "cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+#include <vector>
+
+namespace pa_emu {
+state g;
+
+namespace {
+struct fiber {
+    ucontext_t ctx;
+    bool done;
+};
+struct barrier {
+    int count = 0;
+    unsigned gen = 0;
+};
+ucontext_t sched_ctx;
+std::vector<fiber> fibers;
+std::vector<char> stacks;
+const size_t kStack = 256 * 1024;
+int cur = -1, nthreads = 0;
+unsigned long long progress = 0;
+barrier block_bar;
+std::vector<barrier> warp_bars;
+std::vector<float> xch; /* [warps][32] */
+const std::function<void()> *body_fn;
+
+void yield() { swapcontext(&fibers[cur].ctx, &sched_ctx); }
+
+void wait(barrier &b, int size)
+{
+    const unsigned gen = b.gen;
+    progress++;
+    if (++b.count == size) {
+        b.count = 0;
+        b.gen++;
+        return;
+    }
+    while (b.gen == gen) yield();
+}
+
+void entry()
+{
+    (*body_fn)();
+    fibers[cur].done = true;
+    progress++;
+}
+
+void set_thread(int t)
+{
+    cur = t;
+    g.thread.x = (unsigned)(t % (int)g.block_dim.x);
+    g.thread.y = (unsigned)(t / (int)g.block_dim.x % (int)g.block_dim.y);
+    g.thread.z = (unsigned)(t / ((int)g.block_dim.x * (int)g.block_dim.y));
+}
+} // namespace
+
+void syncthreads() { wait(block_bar, nthreads); }
+
+float shfl(float v, int arg, bool is_xor)
+{
+    if (nthreads % 32) {
+        fprintf(stderr, "emu: warp shuffle in a block of %d threads (not whole warps)\n", nthreads);
+        abort();
+    }
+    const int w = cur / 32, lane = cur % 32;
+    xch[(size_t)w * 32 + (size_t)lane] = v;
+    wait(warp_bars[(size_t)w], 32);
+    const int src = is_xor ? (lane ^ arg) : (arg & 31);
+    const float r = xch[(size_t)w * 32 + (size_t)src];
+    wait(warp_bars[(size_t)w], 32);
+    return r;
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
+{
+    nthreads = (int)(block.x * block.y * block.z);
+    if (nthreads <= 0 || nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        fprintf(stderr, "emu: bad launch grid (%u,%u,%u) block %d\n", grid.x, grid.y, grid.z, nthreads);
+        abort();
+    }
+    g.grid_dim = grid;
+    g.block_dim = block;
+    fibers.assign((size_t)nthreads, fiber());
+    if (stacks.size() < (size_t)nthreads * kStack) stacks.resize((size_t)nthreads * kStack);
+    warp_bars.assign((size_t)(nthreads + 31) / 32, barrier());
+    xch.assign((size_t)(nthreads + 31) / 32 * 32, 0.f);
+    body_fn = &body;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                g.block.x = bx, g.block.y = by, g.block.z = bz;
+                void *sm = smem ? malloc(smem) : NULL;
+                if (sm) memset(sm, 0xff, smem); /* garbage: NaN floats */
+                g.dyn_smem = sm;
+                block_bar = barrier();
+                for (int t = 0; t < nthreads; t++) {
+                    fiber &f = fibers[(size_t)t];
+                    f.done = false;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = &stacks[(size_t)t * kStack];
+                    f.ctx.uc_stack.ss_size = kStack;
+                    f.ctx.uc_link = &sched_ctx;
+                    makecontext(&f.ctx, entry, 0);
+                }
+                int alive = nthreads;
+                while (alive > 0) {
+                    const unsigned long long before = progress;
+                    alive = 0;
+                    for (int t = 0; t < nthreads; t++) {
+                        if (fibers[(size_t)t].done) continue;
+                        set_thread(t);
+                        swapcontext(&sched_ctx, &fibers[(size_t)t].ctx);
+                        if (!fibers[(size_t)t].done) alive++;
+                    }
+                    if (alive > 0 && progress == before) {
+                        fprintf(stderr,
+                                "emu: deadlock in block (%u,%u,%u): %d threads wait at a barrier "
+                                "that others never reach (divergent __syncthreads or shuffle)\n",
+                                bx, by, bz, alive);
+                        abort();
+                    }
+                }
+                free(sm);
+            }
+}
+} // namespace pa_emu
+
+/* ---- the CUDA runtime subset the backend uses ---------------------------------------------- */
+
+extern "C" {
+static cudaError_t last_error = cudaSuccess;
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = getenv("PA_EMU_NO_DEVICE") ? 0 : 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "pagedattn CPU emulator (fibers)");
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->totalGlobalMem = (size_t)1 << 34;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int *v) { *v = 0; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int)
+{
+    static int dummy;
+    *s = (cudaStream_t)&dummy;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = malloc(n ? n : 1);
+    if (*p) memset(*p, 0xa5, n); /* garbage, as fresh device memory is */
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind)
+{
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind, cudaStream_t)
+{
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dp, const void *s, size_t sp, size_t w, size_t h,
+                              enum cudaMemcpyKind, cudaStream_t)
+{
+    if (w > dp || w > sp) return cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < h; r++) memcpy((char *)d + r * dp, (const char *)s + r * sp, w);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int v)
+{
+    return v > 227 * 1024 ? cudaErrorInvalidValue : cudaSuccess;
+}
+const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaError(emu)"; }
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
+}

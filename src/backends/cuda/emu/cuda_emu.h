@@ -1,0 +1,56 @@
+/* cuda_emu.h: a CPU emulator for the cuda backend's kernels (PA_CU_EMULATE builds only; never
+ * part of the library). Each CUDA thread of a block runs as a fiber on one OS thread; the
+ * fibers switch at __syncthreads and at warp shuffles, which become real barriers over the
+ * block or the warp. The CUDA runtime calls the backend makes are implemented over host memory
+ * in cuda_emu.cpp. A divergent barrier (some threads never arrive) is reported and aborts.
+ *
+ * What this checks: indexing, masking, online-softmax and split/combine logic, barrier
+ * placement, warp-uniformity of shuffles, shared-memory bounds (under AddressSanitizer, shared
+ * memory is a malloc'd block of exactly the launch's size). What it cannot: the hardware's
+ * memory model, timing, real occupancy limits, nvcc's code generation. */
+#ifndef PA_CUDA_EMU_H
+#define PA_CUDA_EMU_H
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <stdint.h>
+#include <string.h>
+
+namespace pa_emu {
+struct state {
+    uint3 thread, block;
+    dim3 block_dim, grid_dim;
+    void *dyn_smem;
+};
+extern state g;
+void syncthreads();
+float shfl(float v, int src_lane_or_xor, bool is_xor);
+void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+} // namespace pa_emu
+
+#ifndef __launch_bounds__
+#  define __launch_bounds__(...)
+#endif
+#define threadIdx (pa_emu::g.thread)
+#define blockIdx (pa_emu::g.block)
+#define blockDim (pa_emu::g.block_dim)
+#define gridDim (pa_emu::g.grid_dim)
+#define __syncthreads() pa_emu::syncthreads()
+#define __shfl_xor_sync(mask, v, o) pa_emu::shfl((v), (o), true)
+#define __shfl_sync(mask, v, l) pa_emu::shfl((v), (l), false)
+
+static inline float __int_as_float(int x)
+{
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+#define PA_CU_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    pa_emu::launch(dim3(grid), dim3(block), (smem), [=]() { kernel(__VA_ARGS__); })
+#define PA_CU_DYN_SMEM(type, name) type *name = (type *)pa_emu::g.dyn_smem
+
+#endif
