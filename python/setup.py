@@ -1,7 +1,8 @@
 """Builds the pagedattn C library with CMake and ships libpagedattn.so inside the package.
 
-CMake runs on the repository root (the parent of this directory) with the tests and tools off;
-extra CMake arguments can be given in the environment variable PAGEDATTN_CMAKE_ARGS.
+CMake runs on the repository root (the parent of this directory, or $PAGEDATTN_SOURCE_DIR) with
+the tests, tools and the cuda backend off; extra CMake arguments can be given in the environment
+variable PAGEDATTN_CMAKE_ARGS.
 """
 
 import os
@@ -15,7 +16,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.environ.get("PAGEDATTN_SOURCE_DIR") or os.path.dirname(HERE)
 
 
 class BuildWithCMake(build_py):
@@ -42,8 +43,11 @@ class BuildWithCMake(build_py):
         build_dir = os.environ.get("PAGEDATTN_CMAKE_BUILD_DIR") or os.path.join(
             HERE, "build", "cmake-%d.%d" % sys.version_info[:2])
         os.makedirs(build_dir, exist_ok=True)
+        # The package works on host memory (numpy arrays, torch CPU tensors), so the cuda
+        # backend is left out unless PAGEDATTN_CMAKE_ARGS turns it on (later -D wins).
         args = [cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-                "-DPAGEDATTN_BUILD_TESTS=OFF", "-DPAGEDATTN_BUILD_TOOLS=OFF"]
+                "-DPAGEDATTN_BUILD_TESTS=OFF", "-DPAGEDATTN_BUILD_TOOLS=OFF",
+                "-DPAGEDATTN_CUDA=OFF"]
         args += shlex.split(os.environ.get("PAGEDATTN_CMAKE_ARGS", ""))
         subprocess.check_call(args)
         jobs = str(os.cpu_count() or 2)

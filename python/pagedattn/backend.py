@@ -182,14 +182,23 @@ class PagedAttnMetadata:
             csm = self._cross_slot_mapping[e[a]:e[b]]
         return PagedAttnMetadata(self.block_size, self._seqs[a:b], sm, csm, self._num_blocks)
 
-    def batch(self, num_blocks, num_cross_blocks=0, encoder_self=False):
+    def batch(self, num_blocks, num_cross_blocks=0, encoder_self=False, encoder_only=False):
         """The library batch for a pool of num_blocks blocks (created once, then reused).
-        encoder_self: the batch of an encoder self-attention layer (queries = encoder tokens)."""
-        key = (int(num_blocks), int(num_cross_blocks), bool(encoder_self))
+        encoder_self: the batch of an encoder self-attention layer (queries = encoder tokens);
+        encoder_only: of an encoder-only layer (queries = the sequences' tokens, no cache)."""
+        key = (int(num_blocks), int(num_cross_blocks), bool(encoder_self), bool(encoder_only))
         with self._lock:
             b = self._batches.get(key)
             if b is None:
-                if encoder_self:
+                if encoder_only:
+                    if any(s["context_len"] for s in self._seqs):
+                        raise ValueError("encoder_only attention has no cache: every sequence "
+                                         "needs context_len 0 (query_len == seq_len)")
+                    seqs = [{"context_len": 0, "query_len": s["query_len"], "is_prefill": True}
+                            for s in self._seqs]
+                    b = C.Batch(self.block_size, 1, seqs,
+                                slot_mapping=np.full(self.num_tokens, -1, np.int64))
+                elif encoder_self:
                     seqs = [{"context_len": 0, "query_len": s.get("encoder_len", 0),
                              "is_prefill": True} for s in self._seqs]
                     if any(s["query_len"] < 1 for s in seqs):
@@ -210,6 +219,7 @@ class PagedAttnMetadata:
             return b
 
     def asdict_zerocopy(self, skip_fields=()):
+        """The public fields as a dict (no copies), as vLLM's metadata offers."""
         return {k: v for k, v in self.__dict__.items()
                 if not k.startswith("_") and k not in skip_fields}
 
@@ -514,7 +524,7 @@ class PagedAttnImpl:
         else:
             if kv is not None and kv.shape[0] != T:
                 raise ValueError("key has %d rows for %d query tokens" % (kv.shape[0], T))
-            batch = md.batch(num_blocks)
+            batch = md.batch(num_blocks, encoder_only=at == L.PA_ATTN_ENCODER_ONLY)
         plan = batch.plan(ctx, layer)
         C.forward(ctx, layer, batch, qv.ptr, qv.strides[0],
                   kv.ptr if kv is not None else None, kv.strides[0] if kv is not None else 0,
@@ -591,10 +601,12 @@ class PagedAttnBackend:
 
     @staticmethod
     def get_metadata_cls():
+        """The metadata class (:class:`PagedAttnMetadata`)."""
         return PagedAttnMetadata
 
     @staticmethod
     def get_builder_cls():
+        """The metadata builder class (:class:`PagedAttnMetadataBuilder`)."""
         return PagedAttnMetadataBuilder
 
     @staticmethod

@@ -289,6 +289,10 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         lse_obj = A.empty_f32(qv, (H, total_q))
         lv = A.view(lse_obj, "lse")
         lse = _lse_varlen(lse_obj, lv, total_q)
+    if cu_q[-1] < total_q:  # rows past the last sequence belong to none: 0 and -inf
+        A.fill_rows(ov, int(cu_q[-1]), total_q - int(cu_q[-1]), 0)
+        if lse is not None:
+            lse[4](int(cu_q[-1]), total_q - int(cu_q[-1]))
     _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
               alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
               same_rows_kv=same_rows)

@@ -254,3 +254,35 @@ def test_threads_and_backends():
     assert pa.get_num_threads() == n0
     b = pa.get_attn_backend()
     assert b.get_name() in names
+
+
+def test_decoder_without_cache_is_causal_over_own_tokens(backend, rng):
+    """vLLM's profiling run: an empty kv_cache means attention over the step's own tokens."""
+    be = pa.get_attn_backend(backend)
+    H, D = 2, 16
+    impl = be.get_impl_cls()(H, D, 0.3, sliding_window=4)
+    md = be.make_metadata(seq_lens=[7, 3], block_tables=[[0], [1]], block_size=8)
+    q, k, v = (randn(rng, (10, H * D), np.float32) for _ in range(3))
+    out = impl.forward(q, k, v, np.zeros((0,), np.float32), md)
+    s = 0
+    for n in (7, 3):
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), k[s:s + n].reshape(n, H, D),
+                            v[s:s + n].reshape(n, H, D), np.arange(n), scale=0.3, window=(3, 0))
+        O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
+        s += n
+
+
+def test_encoder_only_with_block_tables_in_metadata(backend, rng):
+    be = pa.get_attn_backend(backend)
+    H, D = 2, 8
+    impl = be.get_impl_cls()(H, D, 0.5, attn_type="encoder_only", alibi_slopes=[0.1, 0.3])
+    md = be.make_metadata(seq_lens=[4, 5], block_tables=[[7], [9, 3]], block_size=4)
+    q, k, v = (randn(rng, (9, H * D), np.float32) for _ in range(3))
+    out = impl.forward(q, k, v, None, md)
+    s = 0
+    for n in (4, 5):
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), k[s:s + n].reshape(n, H, D),
+                            v[s:s + n].reshape(n, H, D), np.arange(n), scale=0.5, causal=False,
+                            alibi=np.array([0.1, 0.3], np.float32))
+        O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
+        s += n

@@ -406,3 +406,25 @@ def test_hnd_cache_and_long_decode(backend, rng):
         V = O.gather(vc, tabs[b], klens[b])
         ro, _ = O.attention(q[b], K, V, [klens[b] - 1], scale=D ** -0.5)
         O.assert_close(out[b], ro, dt)
+
+
+def test_varlen_noncausal_sinks_and_padding_rows(backend, rng):
+    """Non-causal attention with sinks; rows past cu_seqlens_q[-1] are zero with lse -inf."""
+    H, Hkv, D = 4, 4, 16
+    qlens, klens = [3, 5], [6, 2]
+    cu_q = np.array([0, 3, 8], np.int32)
+    cu_k = np.array([0, 6, 8], np.int32)
+    q = randn(rng, (10, H, D), np.float32)
+    k = randn(rng, (8, Hkv, D), np.float32)
+    v = randn(rng, (8, Hkv, D), np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    out, lse = pa.flash_attn_varlen_func(q, k, v, 5, cu_q, 6, cu_k, causal=False, s_aux=sinks,
+                                         return_softmax_lse=True, backend=backend)
+    for i in range(2):
+        a, b = cu_q[i], cu_q[i + 1]
+        ro, rl = O.attention(q[a:b], k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]],
+                             klens[i] - qlens[i] + np.arange(qlens[i]), scale=D ** -0.5,
+                             causal=False, sinks=sinks)
+        O.assert_close(out[a:b], ro, np.float32)
+        O.lse_close(lse[:, a:b], rl.T)
+    assert (out[8:] == 0).all() and np.isneginf(lse[:, 8:]).all()
