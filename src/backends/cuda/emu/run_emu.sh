@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_emu.sh: builds the cuda backend's kernels and host code with g++ against the CPU emulator
 # (cuda_emu.h/.cpp: one fiber per CUDA thread, host memory as device memory) and runs the cuda
-# tests on it: test_cuda_ops and the shared case grid (optionally filtered). No GPU, no CUDA
+# tests on it: test_cuda_ops, test_cuda_splits and the shared case grid (optionally filtered). No GPU, no CUDA
 # driver needed (only the CUDA headers). A pass here means the logic is right, not that the
 # GPU build is: see cuda_emu.h for what it does not check.
 #   bash src/backends/cuda/emu/run_emu.sh [grid-filter]      SAN=1 for ASan+UBSan
@@ -25,7 +25,7 @@ g++ -std=c++17 $FLAGS -Wall $INC -c src/backends/cuda/emu/cuda_emu.cpp -o "$O/cu
 gcc -std=c11 $FLAGS -DPAGEDATTN_BUILDING -DPAGEDATTN_HAVE_CUDA $INC -c src/backends/cuda/cuda_backend.c -o "$O/cuda_backend.o" &
 gcc -std=c11 $FLAGS -DPAGEDATTN_BUILDING -DPAGEDATTN_HAVE_CUDA $INC -c src/core/registry.c -o "$O/registry.o" &
 wait
-for t in test_cuda_grid test_cuda_ops; do
+for t in test_cuda_grid test_cuda_ops test_cuda_splits; do
     gcc -std=c11 $FLAGS $INC -c tests/$t.c -o "$O/$t.o"
     g++ $FLAGS "$O/$t.o" "$O"/registry.o "$O"/cuda_backend.o "$O"/cuda_host.o "$O"/cuda_attn.o \
         "$O"/cuda_ops.o "$O"/cuda_emu.o "$B/tests/libpagedattn_testsupport.a" "$B/libpagedattn.a" \
@@ -33,5 +33,7 @@ for t in test_cuda_grid test_cuda_ops; do
 done
 echo "== emulated test_cuda_ops"
 "$O/test_cuda_ops"
+echo "== emulated test_cuda_splits"
+"$O/test_cuda_splits"
 echo "== emulated test_cuda_grid ${1:-(all cases)}"
 "$O/test_cuda_grid" "$@"
