@@ -141,10 +141,12 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
         if alibi is not None:
             a = alibi[seq_index] if per_seq_alibi else alibi
             a = np.ascontiguousarray(a, dtype=np.float32)
+        cd_fp8 = cd in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
         return C.get_layer(num_heads=H, num_kv_heads=Hkv, head_size=D, scale=scale,
                            attn_type=attn_type, window=w, alibi_slopes=a,
                            logits_soft_cap=softcap, sinks=sinks, q_dtype=q.kind, kv_dtype=kvd,
-                           out_dtype=out.kind, cache_dtype=cd, k_scale=ks, v_scale=vs)
+                           out_dtype=out.kind, cache_dtype=cd, k_scale=ks if cd_fp8 else 1.0,
+                           v_scale=vs if cd_fp8 else 1.0)
 
     def empty_rows(start, n):
         # no visible key: out = 0; lse = -inf, or the sink's logit when there are sinks

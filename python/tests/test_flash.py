@@ -74,20 +74,23 @@ def test_varlen_paged_features(backend, rng, feature):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_varlen_paged_fp8_scales(backend, rng, kv_cache_dtype, dtype):
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_paged_fp8_scales(backend, rng, kv_cache_dtype, dtype, causal):
     H, Hkv, D, bs = 4, 4, 64, 16
     dt = DTYPES[dtype]
     k_scale, v_scale = 0.05, 0.2
     qlens = [9, 1, 1]
     klens = [9, 37, 16]
+    window = (-1, -1) if causal else (6, 3)  # non-causal local: gathers and dequantizes
     q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt, kv_cache_dtype,
                                   k_scale, v_scale)
     out = pa.flash_attn_varlen_func(
         q, kc, vc, max(qlens), cu_q, max(klens), seqused_k=np.array(klens, np.int32),
-        causal=True, block_table=pad_tables(tabs), kv_cache_dtype=kv_cache_dtype,
-        k_scale=k_scale, v_scale=v_scale, backend=backend)
-    ro, _ = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=D ** -0.5,
-                      kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale)
+        causal=causal, window_size=window, block_table=pad_tables(tabs),
+        kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale, backend=backend)
+    ro, _ = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=D ** -0.5, causal=causal,
+                      window=window, kv_cache_dtype=kv_cache_dtype, k_scale=k_scale,
+                      v_scale=v_scale)
     O.assert_close(out, ro, dt)
 
 
