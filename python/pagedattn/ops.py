@@ -371,11 +371,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
 
 def _flat(v3):
-    """[B*S, H, D] array object for a row View made by _rows_view (reshape of a uniform-row
-    array shares memory)."""
-    obj = v3.obj
-    b = obj.shape[0] * obj.shape[1]
-    return obj.reshape(b, obj.shape[2], obj.shape[3])
+    """The [B*S, H, D] array object of a row View made by _rows_view (shares memory)."""
+    return v3.obj
 
 
 def _rows_view(x, name, shape4):
@@ -394,7 +391,10 @@ def _rows_view(x, name, shape4):
         v = A.view(x, name)
         st = v.strides
     row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
-    return A.View(v.obj, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
+    rows = v.obj.reshape(b * s, h, d)  # a view: the rows are uniformly strided
+    if A.view(rows, name).ptr != v.ptr:
+        raise AssertionError("internal: %s rows are not a view" % name)
+    return A.View(rows, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
@@ -539,6 +539,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     # the forward call writes the new K/V itself when it can (one validation, then writes);
     # otherwise the cache write goes first, after everything else was validated
     direct = (new_kv is not None and causal and Snew == Sq and bool(np.all(klens >= Sq)) and
+              (alibi is None or alibi.ndim == 1) and
               new_kv[0].kind in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16))
     if new_kv is not None and not direct:
         _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)

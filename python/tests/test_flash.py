@@ -431,3 +431,38 @@ def test_varlen_noncausal_sinks_and_padding_rows(backend, rng):
         O.assert_close(out[a:b], ro, np.float32)
         O.lse_close(lse[:, a:b], rl.T)
     assert (out[8:] == 0).all() and np.isneginf(lse[:, 8:]).all()
+
+
+@pytest.mark.parametrize("case", ["causal_q_gt_k", "per_batch_alibi_append", "noncausal_local"])
+def test_with_kvcache_row_mapping(backend, rng, case):
+    """Rows of [batch, seqlen_q] queries: empty rows (seqlen_q > keys), per-batch ALiBi with an
+    append (one call per sequence), non-causal local windows (gathered path)."""
+    H, Hkv, D, bs, B, Sq = 4, 2, 16, 4, 3, 6
+    dt = np.dtype(np.float32)
+    seqlens = np.array({"causal_q_gt_k": [6, 2, 9], "per_batch_alibi_append": [3, 0, 8],
+                        "noncausal_local": [10, 4, 7]}[case], np.int32)
+    snew = 2 if case == "per_batch_alibi_append" else 0
+    causal = case != "noncausal_local"
+    window = (2, 3) if case == "noncausal_local" else (-1, -1)
+    sl = (rng.random((B, H)) * 0.3).astype(np.float32) if case != "causal_q_gt_k" else None
+    sinks = rng.standard_normal(H).astype(np.float32) if case == "causal_q_gt_k" else None
+    nb = 12
+    kc = nan_cache(nb, bs, Hkv, D, dt)
+    vc = nan_cache(nb, bs, Hkv, D, dt)
+    tabs = tables(rng, [12] * B, bs, nb)
+    fill_cache(rng, kc, vc, tabs, seqlens.tolist(), dt)
+    q = randn(rng, (B, Sq, H, D), dt)
+    kn = vn = None
+    if snew:
+        kn, vn = randn(rng, (B, snew, Hkv, D), dt), randn(rng, (B, snew, Hkv, D), dt)
+    out, lse = pa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                          block_table=pad_tables(tabs), causal=causal,
+                                          window_size=window, alibi_slopes=sl, s_aux=sinks,
+                                          return_softmax_lse=True, backend=backend)
+    for b in range(B):
+        n = int(seqlens[b]) + snew
+        K, V = O.gather(kc, tabs[b], n), O.gather(vc, tabs[b], n)
+        ro, rl = O.attention(q[b], K, V, n - Sq + np.arange(Sq), scale=D ** -0.5, causal=causal,
+                             window=window, alibi=None if sl is None else sl[b], sinks=sinks)
+        O.assert_close(out[b], ro, dt, "batch %d" % b)
+        O.lse_close(lse[b], rl.T)
