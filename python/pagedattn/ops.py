@@ -630,12 +630,24 @@ def _block_geometry(v, name):
     if v.ndim < 2:
         raise ValueError("%s must be at least 2-D [num_blocks, ...], got shape %s" % (name, v.shape))
     inner = A.View(None, v.ptr, v.shape[1:], v.strides[1:], v.kind, v.itemsize, v.torch)
-    if not inner.is_contiguous():
-        raise ValueError("%s: each block must be contiguous (shape %s, strides %s)"
-                         % (name, v.shape, v.strides))
+    if not _dense(inner.shape, inner.strides):
+        raise ValueError("%s: each block must fill one contiguous span of memory (shape %s, "
+                         "strides %s)" % (name, v.shape, v.strides))
     elems = inner.size()
     stride = v.strides[0] if v.shape[0] > 1 else elems
     return v.shape[0], stride, elems
+
+
+def _dense(shape, strides):
+    """Whether the elements occupy one contiguous span exactly, in any dim order (e.g. an HND
+    block viewed as NHD): blocks are then copied as whole byte ranges."""
+    dims = sorted((st, n) for n, st in zip(shape, strides) if n != 1)
+    expect = 1
+    for st, n in dims:
+        if st != expect:
+            return False
+        expect *= n
+    return True
 
 
 def _pool_dtype(v, name):

@@ -286,3 +286,29 @@ def test_encoder_only_with_block_tables_in_metadata(backend, rng):
                             alibi=np.array([0.1, 0.3], np.float32))
         O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
         s += n
+
+
+def test_cpu_thread_count_does_not_change_results(rng):
+    if "cpu" not in pa.available_backends():
+        pytest.skip("no cpu backend here")
+    H, Hkv, D, bs = 8, 2, 64, 16
+    klens = [700, 33, 1]
+    nb = sum(-(-k // bs) for k in klens)
+    kc = randn(rng, (nb, bs, Hkv, D), np.float16)
+    vc = randn(rng, (nb, bs, Hkv, D), np.float16)
+    tabs = tables(rng, klens, bs, nb)
+    bt = np.zeros((3, max(len(t) for t in tabs)), np.int32)
+    for i, t in enumerate(tabs):
+        bt[i, :len(t)] = t
+    q = randn(rng, (3, 4, H, D), np.float16)
+    n0 = pa.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            pa.set_num_threads(n)
+            outs.append(pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array(klens) - 4,
+                                                   block_table=bt, causal=True, backend="cpu"))
+    finally:
+        pa.set_num_threads(n0)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.view(np.uint16), outs[0].view(np.uint16))

@@ -74,10 +74,10 @@ def test_reshape_and_cache_flash_strided_rows(rng):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "uint8"])
-@pytest.mark.parametrize("layout", ["flash", "paged"])
+@pytest.mark.parametrize("layout", ["flash", "paged", "hnd_view"])
 def test_copy_blocks(rng, dtype, layout):
     nb, bs, H, D, layers = 12, 16, 2, 32, 3
-    if layout == "flash":
+    if layout in ("flash", "hnd_view"):
         shp_k = shp_v = (nb, bs, H, D)
     else:  # vLLM's paged layout: key [nb, H, D/x, bs, x], value [nb, H, D, bs]
         x = 8
@@ -88,6 +88,9 @@ def test_copy_blocks(rng, dtype, layout):
         mk = lambda s: randn(rng, s, DTYPES[dtype])  # noqa: E731
     kcs = [mk(shp_k) for _ in range(layers)]
     vcs = [mk(shp_v) for _ in range(layers)]
+    if layout == "hnd_view":  # HND storage passed as [nb, bs, H, D] views
+        kcs = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for c in kcs]
+        vcs = [np.ascontiguousarray(c.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3) for c in vcs]
     src = rng.permutation(nb)
     mapping = np.array([[src[0], src[1]], [src[0], src[2]], [src[3], src[4]]], np.int64)
     ek = [c.copy() for c in kcs]
