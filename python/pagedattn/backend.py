@@ -362,9 +362,10 @@ def _blocksparse(params, num_heads, num_kv_heads):
     homo_group = bool(p.get("homo_head_group", False))
     tp_rank = int(p.get("tp_rank", 0))
     tp_size = int(p.get("tp_size", 1))
-    total_heads = int(p.get("num_heads", num_heads)) if p.get("num_heads") else num_heads * tp_size
-    total_kv = (int(p.get("num_kv_heads", num_kv_heads)) if p.get("num_kv_heads")
-                else num_kv_heads * tp_size)
+    # as vLLM's BlocksparseParams: num_heads / num_kv_heads are this rank's heads, the pattern
+    # slides over all tp_size * num_heads heads (tp_rank, tp_size: extra keys, default 0 and 1)
+    total_heads = tp_size * int(p.get("num_heads") or num_heads)
+    total_kv = tp_size * int(p.get("num_kv_heads") or num_kv_heads)
     if homo:
         step = 0
     elif homo_group:
@@ -382,6 +383,10 @@ class PagedAttnImpl:
     ``impl_cls(num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
     sliding_window=None, kv_cache_dtype="auto", blocksparse_params=None, logits_soft_cap=None,
     attn_type="decoder")``; extra keyword ``sinks`` (per-head sink logits) and ``backend``.
+    ``blocksparse_params`` takes vLLM's keys (max_seqlen, num_heads, num_kv_heads, block_size,
+    local_blocks, vert_stride, homo_head, homo_head_group) plus optional ``tp_rank`` and
+    ``tp_size`` (tensor parallelism: num_heads are this rank's heads) and ``head_sliding_step``
+    (overrides vLLM's derivation). ``sliding_window`` W attends W keys (window (W - 1, 0)).
     The configuration is validated by the library at construction (ValueError otherwise).
     """
 

@@ -111,7 +111,7 @@ def test_decoder_features(backend, rng, feature):
     O.assert_close(out.reshape(T, H, D), ref, dt)
 
 
-@pytest.mark.parametrize("homo", ["per_head", "homo_head", "homo_head_group"])
+@pytest.mark.parametrize("homo", ["per_head", "homo_head", "homo_head_group", "tp_rank1"])
 def test_decoder_blocksparse(backend, rng, homo):
     """vLLM's block-sparse pattern (local + vertical stride), prefill and decode."""
     be = pa.get_attn_backend(backend)
@@ -121,9 +121,15 @@ def test_decoder_blocksparse(backend, rng, homo):
     params = dict(max_seqlen=512, num_heads=H, num_kv_heads=Hkv, block_size=sparse_bs,
                   local_blocks=local, vert_stride=vert, homo_head=homo == "homo_head",
                   homo_head_group=homo == "homo_head_group")
+    if homo == "tp_rank1":  # rank 1 of 2: heads 4..7 of 8 globally
+        params.update(tp_rank=1, tp_size=2, vert_stride=16)
+        vert = 16
     impl = be.get_impl_cls()(H, D, D ** -0.5, Hkv, blocksparse_params=params)
-    offs = O.blocksparse_offsets(H, Hkv, vert, homo_head=homo == "homo_head",
-                                 homo_head_group=homo == "homo_head_group")
+    if homo == "tp_rank1":
+        offs = O.blocksparse_offsets(2 * H, 2 * Hkv, vert)[H:]
+    else:
+        offs = O.blocksparse_offsets(H, Hkv, vert, homo_head=homo == "homo_head",
+                                     homo_head_group=homo == "homo_head_group")
     cache = _kv_cache(be, nb, bs, Hkv, D, dt)
     cl, ql = [0, 100], [120, 1]
     tabs = tables(rng, [c + n for c, n in zip(cl, ql)], bs, nb)
