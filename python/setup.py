@@ -32,6 +32,11 @@ class BuildWithCMake(build_py):
             os.remove(dest)
         shutil.copyfile(lib, dest)
         os.chmod(dest, 0o755)
+        if getattr(self, "editable_mode", False):  # pip install -e: the package is the source
+            src_dest = os.path.join(HERE, "pagedattn", "libpagedattn.so")
+            if os.path.abspath(src_dest) != os.path.abspath(dest):
+                shutil.copyfile(lib, src_dest)
+                os.chmod(src_dest, 0o755)
 
     def _build_library(self):
         if not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")):

@@ -213,6 +213,10 @@ def _library_path():
         path = os.path.join(here, name)
         if os.path.exists(path):
             return path
+    # running from the source tree after a build: python/build/lib/pagedattn/libpagedattn.so
+    path = os.path.join(os.path.dirname(here), "build", "lib", "pagedattn", "libpagedattn.so")
+    if os.path.exists(path):
+        return path
     raise ImportError(
         "pagedattn: the shared library libpagedattn.so is not inside the package directory %r; "
         "install the package with `pip install ./python` (which builds it with CMake) or point "
