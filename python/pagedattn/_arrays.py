@@ -179,6 +179,13 @@ def to_np(x, dtype, name, ndim=None):
     return np.ascontiguousarray(a, dtype=dtype)
 
 
+def to_np_float(x, name):
+    """A float32 numpy copy of a float array (numpy or torch)."""
+    if is_torch(x):
+        x = x.detach().float().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
 def floats(x, name, n=None):
     """Per-head float parameters (ALiBi slopes, sinks) as a contiguous float32 numpy array."""
     if x is None:

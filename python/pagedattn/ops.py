@@ -144,7 +144,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         k, v: without ``block_table``, packed keys/values ``[total_k, num_kv_heads, head_size]``
             indexed by ``cu_seqlens_k``; with ``block_table``, the paged caches
             ``[num_blocks, block_size, num_kv_heads, head_size]`` (uint8 for fp8 caches).
-        max_seqlen_q, max_seqlen_k: upper bounds of the lengths (checked, otherwise unused).
+        max_seqlen_q, max_seqlen_k: upper bounds of the lengths (hints; unused).
         cu_seqlens_q: int32 ``[batch + 1]`` query offsets.
         cu_seqlens_k: int32 ``[batch + 1]`` key offsets (packed) or cumulative key lengths.
         seqused_k: int32 ``[batch]`` key length of each sequence (paged: required unless
@@ -201,9 +201,6 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     if cu_q[0] != 0 or np.any(qlens < 0) or cu_q[-1] > total_q:
         raise ValueError("cu_seqlens_q must start at 0, be non-decreasing and end at most at "
                          "total_q = %d; got %s" % (total_q, cu_q.tolist()))
-    if max_seqlen_q is not None and B and int(qlens.max()) > int(max_seqlen_q):
-        raise ValueError("max_seqlen_q = %d is below the longest query (%d)"
-                         % (max_seqlen_q, int(qlens.max())))
     kv_ = A.view(k, "k")
     vv_ = A.view(v, "v")
     win = _window(window_size)
@@ -279,9 +276,6 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
                 np.array_equal(cu_q, cu_k) and np.array_equal(klens, qlens) and
                 cdt in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16) and kv_.shape[0] > 0):
             same_rows = (kv_, vv_)
-    if max_seqlen_k is not None and B and int(klens.max()) > int(max_seqlen_k):
-        raise ValueError("max_seqlen_k = %d is below the longest key range (%d)"
-                         % (max_seqlen_k, int(klens.max())))
 
     out_obj, ov = _new_out(out, qv, (total_q, H, D))
     lse_obj = lse = None
@@ -304,7 +298,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
 
 
 _IGNORED = {"fa_version", "num_splits", "scheduler_metadata", "pack_gqa", "sm_margin",
-            "q_v", "cache_leftpad", "rotary_interleaved"}
+            "q_v", "cache_leftpad"}
 
 
 def _check_ignored(ignored):
@@ -402,7 +396,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                             softcap=0.0, alibi_slopes=None, return_softmax_lse=False, out=None,
                             s_aux=None, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0,
                             backend=None, cache_batch_idx=None, dropout_p=0.0, q_descale=None,
-                            k_descale=None, v_descale=None, **ignored):
+                            k_descale=None, v_descale=None, rotary_cos=None, rotary_sin=None,
+                            rotary_interleaved=True, **ignored):
     """Attention of a batch of queries over a KV cache, as FlashAttention's
     ``flash_attn_with_kvcache`` (decode, speculative decode, chunked prefill).
 
@@ -426,12 +421,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Returns:
         ``out`` or ``(out, lse)``.
 
-    Rotary embedding arguments are not supported (NotImplementedError when given); tuning
-    keywords (``num_splits``, ``fa_version``, ...) are ignored.
+        rotary_cos, rotary_sin: ``[seqlen_ro, rotary_dim / 2]``: rotary embedding applied to the
+            new ``k`` (at positions ``cache_seqlens[b] + i``) and to ``q`` (at
+            ``cache_seqlens[b] + t`` when causal or local, else at ``cache_seqlens[b]``), as
+            FlashAttention does; needs ``k``/``v``. This copies q and k (computed in float32).
+        rotary_interleaved: pairs (0, 1), (2, 3)... when True; (i, i + rotary_dim / 2) (GPT-NeoX)
+            when False.
+
+    Tuning keywords (``num_splits``, ``fa_version``, ...) are ignored.
     """
     _check_ignored(ignored)
     k_scale, v_scale = _compat(dropout_p, False, q_descale, k_descale, v_descale, k_scale,
                                v_scale)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("give both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos/rotary_sin need the new k and v to append")
+        q, k = _apply_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved,
+                             causal or (window_size is not None and
+                                        tuple(window_size) != (-1, -1)))
     qv4 = A.float_view(q, "q")
     A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
     B, Sq, H, D = qv4.shape
@@ -553,6 +562,68 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             return out_obj, torch.from_numpy(np.ascontiguousarray(lse_arr))
         return out_obj, np.ascontiguousarray(lse_arr)
     return out_obj
+
+
+def _from_numpy_like(a, like_torch):
+    if not like_torch:
+        return a
+    torch = A.torch_module()
+    if a.dtype == A.np_dtype(L.PA_DTYPE_BF16):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _rotate(x, cos, sin, pos, interleaved):
+    """FlashAttention's rotary embedding of x [S, H, D] at positions pos [S] (float32 math)."""
+    rd = cos.shape[1] * 2
+    if rd > x.shape[-1]:
+        raise ValueError("rotary_dim %d exceeds head_size %d" % (rd, x.shape[-1]))
+    if len(pos) and (pos.max() >= cos.shape[0] or pos.min() < 0):
+        raise ValueError("rotary_cos/rotary_sin have %d positions; position %d needed"
+                         % (cos.shape[0], int(pos.max())))
+    xf = x.astype(np.float32)
+    c = cos[pos][:, None, :]
+    s_ = sin[pos][:, None, :]
+    out = xf.copy()
+    if interleaved:
+        x1, x2 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * c - x2 * s_
+        out[..., 1:rd:2] = x1 * s_ + x2 * c
+    else:
+        h = rd // 2
+        x1, x2 = xf[..., :h], xf[..., h:rd]
+        out[..., :h] = x1 * c - x2 * s_
+        out[..., h:rd] = x1 * s_ + x2 * c
+    return out.astype(x.dtype)
+
+
+def _apply_rotary(q, k, cos, sin, cache_seqlens, interleaved, positional_q):
+    qv, kv_ = A.float_view(q, "q"), A.float_view(k, "k")
+    A.check_ndim(qv, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
+    A.check_ndim(kv_, "k", 4, "[batch, seqlen_new, num_kv_heads, head_size]")
+    B, Sq = qv.shape[:2]
+    Snew = kv_.shape[1]
+    cosn = A.to_np_float(cos, "rotary_cos")
+    sinn = A.to_np_float(sin, "rotary_sin")
+    if cosn.ndim != 2 or cosn.shape != sinn.shape:
+        raise ValueError("rotary_cos and rotary_sin must be [seqlen_ro, rotary_dim / 2] alike; "
+                         "got %s and %s" % (cosn.shape, sinn.shape))
+    if cache_seqlens is None:
+        off = np.zeros(B, np.int64)
+    elif isinstance(cache_seqlens, (int, np.integer)):
+        off = np.full(B, int(cache_seqlens), np.int64)
+    else:
+        off = np.broadcast_to(A.to_np(cache_seqlens, np.int64, "cache_seqlens").reshape(-1),
+                              (B,)).copy()
+    Qn = np.ascontiguousarray(_attn.as_numpy(qv))
+    Kn = np.ascontiguousarray(_attn.as_numpy(kv_))
+    qr = np.empty_like(Qn)
+    kr = np.empty_like(Kn)
+    for b in range(B):
+        qpos = off[b] + (np.arange(Sq) if positional_q else np.zeros(Sq, np.int64))
+        qr[b] = _rotate(Qn[b], cosn, sinn, qpos, interleaved)
+        kr[b] = _rotate(Kn[b], cosn, sinn, off[b] + np.arange(Snew), interleaved)
+    return _from_numpy_like(qr, qv.torch), _from_numpy_like(kr, kv_.torch)
 
 
 def _ctx_for(backend):

@@ -466,3 +466,51 @@ def test_with_kvcache_row_mapping(backend, rng, case):
                              window=window, alibi=None if sl is None else sl[b], sinks=sinks)
         O.assert_close(out[b], ro, dt, "batch %d" % b)
         O.lse_close(lse[b], rl.T)
+
+
+def _rotary_ref(x, theta, interleaved):
+    """Rotary embedding as a complex rotation (x [S, H, D], theta [S, rd/2])."""
+    x = x.astype(np.float64).copy()
+    rd = theta.shape[1] * 2
+    if interleaved:
+        z = x[..., 0:rd:2] + 1j * x[..., 1:rd:2]
+    else:
+        z = x[..., :rd // 2] + 1j * x[..., rd // 2:rd]
+    z = z * np.exp(1j * theta)[:, None, :]
+    if interleaved:
+        x[..., 0:rd:2], x[..., 1:rd:2] = z.real, z.imag
+    else:
+        x[..., :rd // 2], x[..., rd // 2:rd] = z.real, z.imag
+    return x
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_with_kvcache_rotary(backend, rng, interleaved, causal):
+    """FlashAttention's test_flash_attn_kvcache with rotary_cos/rotary_sin: new k rotated at
+    cache_seqlens + i before the append, q at cache_seqlens + t (causal) or cache_seqlens."""
+    B, Sq, H, Hkv, D, cap, rd = 2, 3, 4, 2, 32, 16, 16
+    dt = np.dtype(np.float32)
+    kc = randn(rng, (B, cap, Hkv, D), dt)
+    vc = randn(rng, (B, cap, Hkv, D), dt)
+    seqlens = np.array([4, 9], np.int32)
+    q = randn(rng, (B, Sq, H, D), dt)
+    kn = randn(rng, (B, Sq, Hkv, D), dt)
+    vn = randn(rng, (B, Sq, Hkv, D), dt)
+    angle = rng.random((cap, rd // 2)) * 2 * np.pi
+    cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    k0 = kc.copy()
+    out = pa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
+                                     rotary_cos=cos, rotary_sin=sin,
+                                     rotary_interleaved=interleaved, backend=backend)
+    for b in range(B):
+        n = seqlens[b] + Sq
+        kpos = seqlens[b] + np.arange(Sq)
+        kr = _rotary_ref(kn[b], angle[kpos], interleaved)
+        np.testing.assert_allclose(kc[b, seqlens[b]:n], kr, atol=1e-5)
+        np.testing.assert_array_equal(kc[b, :seqlens[b]], k0[b, :seqlens[b]])
+        qpos = seqlens[b] + (np.arange(Sq) if causal else np.zeros(Sq, int))
+        qr = _rotary_ref(q[b], angle[qpos], interleaved)
+        ro, _ = O.attention(qr, O.to_f64(kc[b, :n]), O.to_f64(vc[b, :n]), n - Sq + np.arange(Sq),
+                            scale=D ** -0.5, causal=causal)
+        O.assert_close(out[b], ro, dt, atol=1e-4, rtol=1e-4)
