@@ -673,6 +673,9 @@ static void test_forward(void)
     c = f->cache, c.num_blocks = 4; /* the batch was validated against 8 blocks */
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_SHAPE_MISMATCH,
            "the batch was validated for 8 blocks; the cache has 4");
+    c = f->cache, c.num_blocks = NB - 1; /* one block short is short */
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_SHAPE_MISMATCH,
+           "the batch was validated for 8 blocks; the cache has 7");
     c = f->cache, c.memory = PA_MEMORY_CUDA;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "memory kind 1; backend reference needs 0");
     c = f->cache, c.token_stride = 1;
@@ -934,6 +937,8 @@ static void test_copy_swap(void)
     g = c[0];
     SWAP_FAILS(PA_STATUS_INVALID_ARGUMENT, "same pools", &c[0], &g, sp, 2);
     g.value = mem[1][1];
+    SWAP_FAILS(PA_STATUS_INVALID_ARGUMENT, "same pools", &c[0], &g, sp, 2);
+    g = c[0], g.key = mem[1][0]; /* only the value pools coincide */
     SWAP_FAILS(PA_STATUS_INVALID_ARGUMENT, "same pools", &c[0], &g, sp, 2);
     SWAP_FAILS(PA_STATUS_INVALID_ARGUMENT, "num_pairs -1", &c[2], &c[0], sp, -1);
     SWAP_FAILS(PA_STATUS_NULL_POINTER, "num_pairs 2 with NULL pairs", &c[2], &c[0], NULL, 2);
