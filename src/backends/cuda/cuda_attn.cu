@@ -71,6 +71,35 @@ __device__ __forceinline__ bool blocksparse_visible(const pa_cu_attn_params &P, 
     return (kb + P.bs_off[h]) % P.bs_vert == 0;
 }
 
+/* Eight consecutive cache elements at element offset `off` (a multiple of 8), as f32 (fp8
+ * unscaled): one 16-byte load for f16/bf16, one 8-byte load for fp8. */
+__device__ __forceinline__ void load8(int dt, const void *base, int64_t off, float (&x)[8])
+{
+    if (dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16) {
+        const uint4 raw = *(const uint4 *)((const uint16_t *)base + off);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const unsigned short lo = (unsigned short)(w[i] & 0xffffu), hi = (unsigned short)(w[i] >> 16);
+            if (dt == PA_DTYPE_BF16) {
+                x[2 * i] = __uint_as_float((uint32_t)lo << 16);
+                x[2 * i + 1] = __uint_as_float((uint32_t)hi << 16);
+            } else {
+                x[2 * i] = __half2float(__ushort_as_half(lo));
+                x[2 * i + 1] = __half2float(__ushort_as_half(hi));
+            }
+        }
+    } else {
+        const uint2 raw = *(const uint2 *)((const uint8_t *)base + off);
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint8_t b = (uint8_t)(w[i >> 2] >> (8 * (i & 3)));
+            x[i] = dt == PA_DTYPE_FP8_E4M3 ? pa_cu_e4m3_to_f32(b) : pa_cu_e5m2_to_f32(b);
+        }
+    }
+}
+
 /* Writes one finished row: out = acc * inv (rounded once to out dtype), lse. */
 template <int NI>
 __device__ __forceinline__ void store_row(const pa_cu_attn_params &P, int64_t token, int h,
@@ -161,6 +190,31 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
     for (int64_t kb = chunk0; kb < kend; kb += PA_CU_KCHUNK) {
         const int nk = (int)min((int64_t)PA_CU_KCHUNK, kend - kb);
         __syncthreads(); /* previous chunk consumed (and, first time round, nothing) */
+        if (P.vec8 && from_cache) {
+            /* 8 elements per load (16 bytes of f16/bf16, 8 of fp8): the host checked that
+             * head_size, the strides and the pool bases allow it. */
+            const int D8 = D >> 3;
+            for (int e = tid; e < PA_CU_KCHUNK * D8; e += blockDim.x) {
+                const int k = e / D8, d = (e - k * D8) * 8;
+                float kx[8], vx[8];
+                if (k < nk) {
+                    const int64_t j = kb + k;
+                    const int64_t blk = P.tables[(int64_t)s * P.table_stride + j / P.c_bs];
+                    const int64_t off = blk * P.c_block + (j % P.c_bs) * P.c_token +
+                                        (int64_t)hk * P.c_head + d;
+                    load8(P.cache_dtype, P.kc, off, kx);
+                    load8(P.cache_dtype, P.vc, off, vx);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) kx[i] = vx[i] = 0.f;
+                }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    Ks[k * (D + 1) + d + i] = kx[i] * kscale;
+                    Vs[k * D + d + i] = vx[i] * vscale;
+                }
+            }
+        } else
         for (int e = tid; e < PA_CU_KCHUNK * D; e += blockDim.x) {
             const int k = e / D, d = e - k * D;
             float kx = 0.f, vx = 0.f;

@@ -196,6 +196,7 @@ typedef struct pa_cu_attn_params {
     int32_t has_alibi, has_sinks;
     int32_t bs_block, bs_local, bs_vert;
     float k_scale, v_scale; /* 1 for non-fp8 caches */
+    int32_t vec8;           /* cache K/V loads 8 elements at a time (see load8) */
     int32_t q_dtype, kv_dtype, out_dtype, cache_dtype;
     const void *q;
     int64_t q_rs;

@@ -462,6 +462,10 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
             P.c_token = a->cache->token_stride;
             P.c_head = a->cache->head_stride;
             P.c_bs = a->cache->block_size;
+            const size_t es = pa_dtype_size(c->cache_dtype);
+            P.vec8 = (es == 1 || es == 2) && c->head_size % 8 == 0 &&
+                     P.c_block % 8 == 0 && P.c_token % 8 == 0 && P.c_head % 8 == 0 &&
+                     (uintptr_t)P.kc % 16 == 0 && (uintptr_t)P.vc % 16 == 0;
         } else {
             P.c_bs = 1;
         }

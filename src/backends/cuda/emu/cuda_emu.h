@@ -46,6 +46,12 @@ static inline float __int_as_float(int x)
     memcpy(&f, &x, 4);
     return f;
 }
+static inline float __uint_as_float(unsigned x)
+{
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
 static inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
