@@ -3,7 +3,8 @@
 FlashAttention-style calls (numpy arrays or torch CPU tensors, zero copy):
     flash_attn_varlen_func, flash_attn_with_kvcache, flash_attn_func
 vLLM ops:
-    reshape_and_cache_flash, copy_blocks, swap_blocks, merge_attn_states
+    reshape_and_cache_flash, copy_blocks, swap_blocks, merge_attn_states; on vLLM's older paged
+    layout: paged_attention_v1, paged_attention_v2, reshape_and_cache, convert_fp8
 vLLM's backend layer:
     get_attn_backend(name=None) -> backend with get_name, get_kv_cache_shape, get_impl_cls,
     swap_blocks, copy_blocks, make_metadata_builder
@@ -19,6 +20,8 @@ from .backend import (AttentionType, PagedAttnBackend, PagedAttnImpl, PagedAttnM
                       get_num_threads, set_num_threads)
 from .ops import (copy_blocks, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                   merge_attn_states, reshape_and_cache_flash, swap_blocks)
+
+from .vllm_ops import convert_fp8, paged_attention_v1, paged_attention_v2, reshape_and_cache
 
 __version__ = "0.1.0"
 
@@ -48,5 +51,6 @@ __all__ = [
     "set_num_threads", "get_num_threads", "AttentionType", "PagedAttnBackend", "PagedAttnImpl",
     "PagedAttnMetadata", "PagedAttnMetadataBuilder", "PagedAttnError", "PagedAttnValueError",
     "PagedAttnNotImplementedError", "PagedAttnMemoryError", "PagedAttnRuntimeError", "version",
-    "built_backends", "backend_info", "LIBRARY_PATH",
+    "built_backends", "backend_info", "LIBRARY_PATH", "paged_attention_v1", "paged_attention_v2",
+    "reshape_and_cache", "convert_fp8",
 ]
