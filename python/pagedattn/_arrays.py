@@ -46,6 +46,9 @@ if _mld is not None:
 else:  # pragma: no cover
     _NP_FP8 = {}
 
+_KIND = dict(_NP_FLOAT)
+_KIND.update(_NP_FP8)
+
 DTYPE_NAMES = {L.PA_DTYPE_F32: "float32", L.PA_DTYPE_F16: "float16", L.PA_DTYPE_BF16: "bfloat16",
                L.PA_DTYPE_FP8_E4M3: "fp8_e4m3", L.PA_DTYPE_FP8_E5M2: "fp8_e5m2"}
 
@@ -59,8 +62,8 @@ class View:
     def __init__(self, obj, ptr, shape, strides, kind, itemsize, is_t):
         self.obj = obj
         self.ptr = ptr            # int address of element (0, ..., 0)
-        self.shape = tuple(int(s) for s in shape)
-        self.strides = tuple(int(s) for s in strides)  # in elements
+        self.shape = tuple(shape)  # ints
+        self.strides = tuple(strides)  # ints, in elements
         self.kind = kind          # library dtype, "uint8", or a string naming another dtype
         self.itemsize = itemsize
         self.torch = is_t
@@ -107,31 +110,31 @@ def view(x, name):
     """A View of array `x` (numpy array or torch CPU tensor); `name` is used in error messages."""
     if x is None:
         raise ValueError("%s must be an array, got None" % name)
-    if is_torch(x):
-        if x.device.type != "cpu":
-            raise ValueError("%s: only CPU tensors are supported, got device %s" % (name, x.device))
-        kind = _torch_kind(x)
-        return View(x, int(x.data_ptr()), x.shape, x.stride(), kind, x.element_size(), True)
-    if not isinstance(x, np.ndarray):
-        raise TypeError("%s must be a numpy array or a torch CPU tensor, got %s"
-                        % (name, type(x).__name__))
+    if type(x) is not np.ndarray:
+        if is_torch(x):
+            if x.device.type != "cpu":
+                raise ValueError("%s: only CPU tensors are supported, got device %s"
+                                 % (name, x.device))
+            kind = _torch_kind(x)
+            return View(x, int(x.data_ptr()), tuple(x.shape), x.stride(), kind, x.element_size(),
+                        True)
+        if not isinstance(x, np.ndarray):
+            raise TypeError("%s must be a numpy array or a torch CPU tensor, got %s"
+                            % (name, type(x).__name__))
     dt = x.dtype
-    if dt in _NP_FLOAT:
-        kind = _NP_FLOAT[dt]
-    elif dt in _NP_FP8:
-        kind = _NP_FP8[dt]
-    elif dt == np.uint8:
-        kind = "uint8"
-    else:
-        kind = str(dt)
+    kind = _KIND.get(dt)
+    if kind is None:
+        kind = "uint8" if dt == np.uint8 else str(dt)
     item = dt.itemsize
-    for s in x.strides:
-        if s % item:
+    st = x.strides
+    if item == 1:
+        strides = st
+    else:
+        strides = tuple([s // item for s in st])
+        if any([s % item for s in st]):
             raise ValueError("%s: strides %s are not multiples of the element size %d"
-                             % (name, x.strides, item))
-    strides = tuple(s // item for s in x.strides)
-    ptr = x.ctypes.data if x.size else (x.__array_interface__["data"][0] or 0)
-    return View(x, ptr, x.shape, strides, kind, item, False)
+                             % (name, st, item))
+    return View(x, x.__array_interface__["data"][0] or 0, x.shape, strides, kind, item, False)
 
 
 def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16)):
@@ -200,6 +203,8 @@ def floats(x, name, n=None):
 
 def scalar(x, name):
     """A float from a Python number, 0-d/1-element numpy array or torch tensor."""
+    if type(x) in (float, int):
+        return float(x)
     if is_torch(x):
         if x.numel() != 1:
             raise ValueError("%s must be a scalar, got shape %s" % (name, tuple(x.shape)))

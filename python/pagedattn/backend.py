@@ -419,6 +419,16 @@ class PagedAttnImpl:
                     A.FP8_NAMES.get(self.kv_cache_dtype, L.PA_DTYPE_F32), 1.0, 1.0)
 
     def _layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale):
+        key = (q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale)
+        layers = self.__dict__.setdefault("_layers", {})
+        layer = layers.get(key)
+        if layer is None:
+            layer = self._make_layer(*key)
+            if len(layers) < 64:
+                layers[key] = layer
+        return layer
+
+    def _make_layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale):
         return C.get_layer(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                            head_size=self.head_size, scale=self.scale, attn_type=self.attn_type,
                            sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes,
@@ -482,7 +492,8 @@ class PagedAttnImpl:
             raise ValueError("output dtype %s differs from query dtype %s"
                              % (ov.dtype_name(), qv.dtype_name()))
         ks, vs = A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale")
-        has_cache = kv_cache is not None and A.view(kv_cache, "kv_cache").size() > 0
+        cv = A.view(kv_cache, "kv_cache") if kv_cache is not None else None
+        has_cache = cv is not None and cv.size() > 0
         cache = None
         cdt = L.PA_DTYPE_F32
         num_blocks = 1
@@ -493,7 +504,6 @@ class PagedAttnImpl:
                     return self._no_cache_prefill(qv, kv, vv, ov, out_obj, md)
                 raise ValueError("kv_cache is required for %s attention"
                                  % ("decoder" if at == L.PA_ATTN_DECODER else "cross"))
-            cv = A.view(kv_cache, "kv_cache")
             if cv.ndim != 5 or cv.shape[0] != 2 or cv.shape[3] != Hkv or cv.shape[4] != D:
                 raise ValueError("kv_cache must be [2, num_blocks, block_size, num_kv_heads=%d, "
                                  "head_size=%d], got shape %s" % (Hkv, D, cv.shape))
