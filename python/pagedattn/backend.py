@@ -260,7 +260,7 @@ class PagedAttnMetadataBuilder:
             query_lens: per sequence, new tokens this step (or give ``context_lens``; default:
                 every token is new, a plain prefill).
             block_tables: per sequence, the physical block ids (lists or a 2-D int array padded
-                on the right); ``None`` for encoder-only models.
+                on the right; an empty row: no table); ``None`` for encoder-only models.
             context_lens: per sequence, tokens already cached (alternative to query_lens).
             num_prefills: how many leading sequences are prefills; default: the sequences up to
                 the last one that has more than one new token or no context (decodes follow).
@@ -306,7 +306,7 @@ class PagedAttnMetadataBuilder:
         for i in range(n):
             s = {"context_len": sl[i] - ql[i], "query_len": ql[i],
                  "is_prefill": i < num_prefills}
-            if tables is not None:
+            if tables is not None and len(tables[i]):
                 t = tables[i]
                 need = -(-sl[i] // self.block_size)
                 if len(t) < need:
@@ -626,8 +626,17 @@ class PagedAttnBackend:
 
     @staticmethod
     def make_metadata(*args, **kwargs):
-        """``PagedAttnMetadataBuilder(block_size).build(...)`` in one call: keyword
-        ``block_size`` (default 16) plus the builder's arguments."""
+        """Metadata in one call.
+
+        Either ``PagedAttnMetadataBuilder(block_size).build(...)``'s arguments plus keyword
+        ``block_size`` (default 16), or vLLM's metadata fields as keywords (``num_prefills``,
+        ``num_prefill_tokens``, ``num_decode_tokens``, ``slot_mapping``, ``seq_lens`` /
+        ``seq_lens_tensor``, ``context_lens_tensor``, ``block_tables``, ``encoder_seq_lens``,
+        ``cross_slot_mapping``, ``cross_block_tables``, ...; the max_* fields and other extras
+        are derived or ignored). In the latter form, a sequence's block table may be empty when
+        the slot mapping gives its blocks (vLLM's plain prefill)."""
+        if not args and any(k in kwargs for k in _VLLM_FIELDS):
+            return _metadata_from_vllm_fields(**kwargs)
         bs = kwargs.pop("block_size", 16)
         return PagedAttnMetadataBuilder(bs).build(*args, **kwargs)
 
@@ -665,6 +674,66 @@ class PagedAttnBackend:
 
     def __repr__(self):
         return "PagedAttnBackend(%r)" % self._name
+
+
+_VLLM_FIELDS = ("seq_lens_tensor", "num_prefill_tokens", "num_decode_tokens",
+                "context_lens_tensor", "max_prefill_seq_len", "max_decode_seq_len",
+                "encoder_seq_lens_tensor", "num_encoder_tokens", "max_encoder_seq_len",
+                "multi_modal_placeholder_index_maps", "enable_kv_scales_calculation",
+                "use_cuda_graph", "max_query_len", "query_start_loc", "seq_start_loc")
+
+
+def _opt_list(x):
+    if x is None:
+        return None
+    return [int(v) for v in _list(x)]
+
+
+def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
+                               seq_lens_tensor=None, context_lens_tensor=None, block_tables=None,
+                               slot_mapping=None, encoder_seq_lens=None,
+                               encoder_seq_lens_tensor=None, cross_block_tables=None,
+                               cross_slot_mapping=None, num_decode_tokens=None, **ignored):
+    sl = _opt_list(seq_lens) if seq_lens is not None else _opt_list(seq_lens_tensor)
+    if sl is None:
+        raise ValueError("vLLM-style metadata needs seq_lens or seq_lens_tensor")
+    n = len(sl)
+    if num_prefills is None:
+        num_prefills = 0 if num_decode_tokens else n
+    num_prefills = int(num_prefills)
+    ctx = _opt_list(context_lens_tensor)
+    if ctx is None or len(ctx) != n:
+        ctx = [0 if i < num_prefills else sl[i] - 1 for i in range(n)]
+    ql = [s - c for s, c in zip(sl, ctx)]
+    bs = int(block_size)
+    slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)
+             if slot_mapping is not None else None)
+    tables = []
+    rows = _rows(block_tables, n, "block_tables") if block_tables is not None and \
+        np.asarray(_list(block_tables)).size else None
+    start = 0
+    for i in range(n):
+        need = -(-sl[i] // bs)
+        t = [int(b) for b in rows[i][:need]] if rows is not None else []
+        if len(t) < need and slots is not None and ctx[i] == 0:
+            # derive the table from the slots of a plain prefill
+            sm = slots[start:start + ql[i]]
+            pos = np.arange(0, sl[i], bs)
+            if np.all(sm[pos] >= 0):
+                t = (sm[pos] // bs).astype(int).tolist()
+        tables.append(t if t else None)
+        start += ql[i]
+    enc = _opt_list(encoder_seq_lens) if encoder_seq_lens is not None else \
+        _opt_list(encoder_seq_lens_tensor)
+    ctabs = None
+    if cross_block_tables is not None and np.asarray(_list(cross_block_tables)).size:
+        ctabs = _rows(cross_block_tables, n, "cross_block_tables")
+    b = PagedAttnMetadataBuilder(bs)
+    return b.build(seq_lens=sl, query_lens=ql,
+                   block_tables=None if all(t is None for t in tables) else
+                   [t if t is not None else [] for t in tables],
+                   num_prefills=num_prefills, encoder_seq_lens=enc, cross_block_tables=ctabs,
+                   slot_mapping=slots, cross_slot_mapping=cross_slot_mapping)
 
 
 def _kv_halves(v):

@@ -318,3 +318,69 @@ def test_cpu_thread_count_does_not_change_results(rng):
         pa.set_num_threads(n0)
     for o in outs[1:]:
         np.testing.assert_array_equal(o.view(np.uint16), outs[0].view(np.uint16))
+
+
+def test_vllm_field_style_metadata_enc_dec(backend, rng):
+    """Metadata from vLLM's field names (as vLLM's test_encoder_decoder_attn builds it): padded
+    2-D block tables, explicit slot mappings, a plain prefill whose table comes from its slots."""
+    be = pa.get_attn_backend(backend)
+    H, D, bs, nb = 2, 16, 4, 12
+    dt = np.dtype(np.float32)
+    Impl = be.get_impl_cls()
+    dec = Impl(H, D, 0.25)
+    cross = Impl(H, D, 0.25, attn_type="encoder_decoder")
+    seq_lens, enc_lens = [6, 3], [5, 7]
+    self_tabs = [[3, 7], [5]]
+    cross_tabs = [[0, 9], [2, 10]]
+    slots = [3 * 4 + i for i in range(4)] + [7 * 4, 7 * 4 + 1] + [5 * 4 + i for i in range(3)]
+    cslots = [0, 1, 2, 3, 36] + [8, 9, 10, 11, 40, 41, 42]
+    md = be.make_metadata(num_prefills=2, num_prefill_tokens=9, num_decode_tokens=0,
+                          slot_mapping=np.array(slots), seq_lens=seq_lens,
+                          seq_lens_tensor=np.array(seq_lens), max_prefill_seq_len=6,
+                          max_decode_seq_len=0, context_lens_tensor=np.zeros(2, np.int32),
+                          block_tables=np.zeros((2, 0), np.int32),  # plain prefill: no table
+                          encoder_seq_lens=enc_lens, num_encoder_tokens=12,
+                          cross_slot_mapping=np.array(cslots),
+                          cross_block_tables=np.array(cross_tabs), block_size=bs)
+    self_cache = np.full(be.get_kv_cache_shape(nb, bs, H, D), np.nan, dt)
+    cross_cache = np.full(be.get_kv_cache_shape(nb, bs, H, D), np.nan, dt)
+    q, k, v = (randn(rng, (9, H * D), dt) for _ in range(3))
+    out = dec.forward(q, k, v, self_cache, md)
+    s = 0
+    for i, n in enumerate(seq_lens):
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), k[s:s + n].reshape(n, H, D),
+                            v[s:s + n].reshape(n, H, D), np.arange(n), scale=0.25)
+        O.assert_close(out[s:s + n].reshape(n, H, D), ro, dt)
+        got = O.gather(self_cache[0], self_tabs[i], n)
+        np.testing.assert_array_equal(got, k[s:s + n].reshape(n, H, D))
+        s += n
+    kx, vx = randn(rng, (12, H * D), dt), randn(rng, (12, H * D), dt)
+    oc = cross.forward(q, kx, vx, cross_cache, md)
+    e = 0
+    s = 0
+    for i, n in enumerate(seq_lens):
+        m = enc_lens[i]
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), kx[e:e + m].reshape(m, H, D),
+                            vx[e:e + m].reshape(m, H, D), np.zeros(n, int), scale=0.25,
+                            causal=False)
+        O.assert_close(oc[s:s + n].reshape(n, H, D), ro, dt)
+        s += n
+        e += m
+    # decode step, vLLM field style: num_prefills 0, one token each, cross K/V from the cache
+    md2 = be.make_metadata(num_prefills=0, num_prefill_tokens=0, num_decode_tokens=2,
+                           slot_mapping=np.array([7 * 4 + 2, 5 * 4 + 3]),
+                           seq_lens_tensor=np.array([7, 4]), max_decode_seq_len=7,
+                           context_lens_tensor=np.array([6, 3]),
+                           block_tables=np.array(self_tabs[:1] + [[5, 0]]),
+                           encoder_seq_lens=enc_lens, cross_slot_mapping=np.array(cslots),
+                           cross_block_tables=np.array(cross_tabs), block_size=bs)
+    assert md2.num_decode_tokens == 2 and md2.num_prefills == 0
+    q2 = randn(rng, (2, H * D), dt)
+    oc2 = cross.forward(q2, None, None, cross_cache, md2)
+    e = 0
+    for i in range(2):
+        m = enc_lens[i]
+        ro, _ = O.attention(q2[i:i + 1].reshape(1, H, D), kx[e:e + m].reshape(m, H, D),
+                            vx[e:e + m].reshape(m, H, D), [0], scale=0.25, causal=False)
+        O.assert_close(oc2[i:i + 1].reshape(1, H, D), ro, dt)
+        e += m
