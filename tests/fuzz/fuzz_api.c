@@ -530,6 +530,38 @@ static void run_cache_ops(rd *r, world *w, pa_context *ctx)
     s = pa_cache_copy_blocks(u8(r) & 1 ? ctx : NULL, c, 1, pairs, np);
     check_status(s);
     if (s) check(memcmp(copy, w->pool, w->pool_bytes) == 0, "a rejected copy_blocks changed nothing");
+
+    /* swap_blocks to and from a second pool of (usually) the same geometry, other layout */
+    pa_cache d;
+    uint8_t sf = u8(r);
+    int32_t dbs = sf & 1 ? pick(r, 1, 8) : c->block_size, dkv = sf & 2 ? pick(r, 1, 4) : c->num_kv_heads;
+    int32_t dnb = pick(r, 1, 24);
+    if (pa_cache_init(&d, (pa_cache_layout)((sf >> 2) & 1), sf & 8 ? pick_dtype(r, 0) : c->dtype, dnb, dbs, dkv,
+                      c->head_size) == PA_STATUS_OK) {
+        int64_t de = pa_cache_pool_elems(&d);
+        if (de > 0 && de <= MAX_POOL_ELEMS) {
+            size_t dbytes = (size_t)de * esize(d.dtype);
+            void *dk = malloc(dbytes), *dv = malloc(dbytes), *dkc = malloc(dbytes), *dvc = malloc(dbytes);
+            if (dk && dv && dkc && dvc) {
+                fill(dk, d.dtype, de, 0);
+                fill(dv, d.dtype, de, 0);
+                d.key = dk, d.value = dv;
+                memcpy(dkc, dk, dbytes), memcpy(dvc, dv, dbytes);
+                memcpy(copy, w->pool, w->pool_bytes);
+                int64_t n2 = pick64(r, -1, MAX_PAIRS);
+                if (n2 > MAX_PAIRS) n2 = 1;
+                int back = u8(r) & 1;
+                s = pa_cache_swap_blocks(u8(r) & 1 ? ctx : NULL, back ? &d : c, back ? c : &d, pairs, n2);
+                check_status(s);
+                if (s) {
+                    check(memcmp(copy, w->pool, w->pool_bytes) == 0, "a rejected swap_blocks changed nothing");
+                    check(memcmp(dkc, dk, dbytes) == 0 && memcmp(dvc, dv, dbytes) == 0,
+                          "a rejected swap_blocks changed nothing");
+                }
+            }
+            free(dk), free(dv), free(dkc), free(dvc);
+        }
+    }
 done:
     free(src);
     free(copy);
