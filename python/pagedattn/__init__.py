@@ -21,7 +21,8 @@ from .backend import (AttentionType, PagedAttnBackend, PagedAttnImpl, PagedAttnM
 from .ops import (copy_blocks, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                   merge_attn_states, reshape_and_cache_flash, swap_blocks)
 
-from .vllm_ops import convert_fp8, paged_attention_v1, paged_attention_v2, reshape_and_cache
+from .vllm_ops import (context_attention_fwd, convert_fp8, paged_attention_v1,
+                       paged_attention_v2, reshape_and_cache)
 
 __version__ = "0.1.0"
 
@@ -52,5 +53,5 @@ __all__ = [
     "PagedAttnMetadata", "PagedAttnMetadataBuilder", "PagedAttnError", "PagedAttnValueError",
     "PagedAttnNotImplementedError", "PagedAttnMemoryError", "PagedAttnRuntimeError", "version",
     "built_backends", "backend_info", "LIBRARY_PATH", "paged_attention_v1", "paged_attention_v2",
-    "reshape_and_cache", "convert_fp8",
+    "reshape_and_cache", "convert_fp8", "context_attention_fwd",
 ]

@@ -19,7 +19,8 @@ from . import _attn
 from . import _core as C
 from . import _lib as L
 
-__all__ = ["paged_attention_v1", "paged_attention_v2", "reshape_and_cache", "convert_fp8"]
+__all__ = ["paged_attention_v1", "paged_attention_v2", "reshape_and_cache", "convert_fp8",
+           "context_attention_fwd"]
 
 
 def _np(x, name):
@@ -194,3 +195,89 @@ def convert_fp8(dst, src, scale=1.0, kv_dtype="fp8"):
             raise ValueError("dst must be uint8 when src is a float array")
         dn[...] = _convert(kind, sn, sv.kind, scale).reshape(dn.shape)
     return dst
+
+
+def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b_start_loc,
+                          b_seq_len, b_ctx_len, max_input_len, k_scale=1.0, v_scale=1.0,
+                          alibi_slopes=None, sliding_window=None, sm_scale=None, backend=None):
+    """vLLM's prefix-prefill ``context_attention_fwd``: the new tokens of each sequence (rows
+    ``b_start_loc[i] ..`` of ``q``, ``k``, ``v``, ``[num_new, heads, head_size]``) attend to the
+    sequence's ``b_ctx_len[i]`` cached tokens (read through ``b_loc``, the block tables, from
+    caches in vLLM's paged layout, or in the flash layout when 4-D) and causally to the new
+    tokens; the result goes to ``o``. The caches are not modified (their used blocks are copied
+    and the new K/V written into the copy; an fp8 context is dequantized in the copy, and the
+    new K/V are used unquantized, as the kernel does). ``sm_scale`` defaults to ``1/sqrt(head_size)`` (the
+    kernel's fixed scale); ``sliding_window`` W attends W keys."""
+    qv, ov = A.float_view(q, "q"), A.float_view(o, "o")
+    kv, vv = A.float_view(k, "k"), A.float_view(v, "v")
+    A.check_ndim(qv, "q", 3, "[num_tokens, num_heads, head_size]")
+    A.check_ndim(kv, "k", 3, "[num_tokens, num_kv_heads, head_size]")
+    if ov.shape != qv.shape or ov.kind != qv.kind:
+        raise ValueError("o must be %s %s like q" % (qv.shape, qv.dtype_name()))
+    T, H, D = qv.shape
+    bt = A.to_np(b_loc, np.int32, "b_loc", 2)
+    starts = A.to_np(b_start_loc, np.int64, "b_start_loc", 1)
+    sl = A.to_np(b_seq_len, np.int64, "b_seq_len", 1)
+    cl = A.to_np(b_ctx_len, np.int64, "b_ctx_len", 1)
+    B = sl.size
+    if bt.shape[0] != B or cl.size != B or starts.size < B:
+        raise ValueError("b_loc, b_start_loc, b_seq_len and b_ctx_len must describe %d sequences"
+                         % B)
+    kcn, kcv = _np(k_cache, "k_cache")
+    vcn, _ = _np(v_cache, "v_cache")
+    cdt = _cache_kind(kcv, kv_cache_dtype, "k_cache")
+    if kcn.ndim == 5:
+        bs = kcn.shape[3]
+    elif kcn.ndim == 4:
+        bs = kcn.shape[1]
+    else:
+        raise ValueError("k_cache must be vLLM's paged layout (5-D) or the flash layout (4-D)")
+    need = [int(-(-int(n) // bs)) for n in sl]
+    if any(n > bt.shape[1] for n in need) or np.any(cl < 0) or np.any(cl > sl):
+        raise ValueError("lengths exceed the block tables or contexts exceed lengths")
+    used = np.unique(np.concatenate([bt[i, :need[i]] for i in range(B)] + [np.zeros(0, np.int32)]))
+    nb = kcn.shape[0]
+    if used.size and (used.min() < 0 or used.max() >= nb):
+        raise ValueError("b_loc holds block ids outside [0, %d)" % nb)
+    remap = np.zeros(nb, np.int32)
+    remap[used] = np.arange(used.size, dtype=np.int32)
+    if kcn.ndim == 5:
+        kc, vc = _to_flash(k_cache, v_cache, used)
+    else:
+        kc, vc = np.ascontiguousarray(kcn[used]), np.ascontiguousarray(vcn[used])
+    Hkv = kc.shape[2]
+    fp8 = cdt in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
+    ks, vs = A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale")
+    if fp8:
+        # the kernel reads the context from the fp8 cache and the new tokens unquantized from
+        # k/v: dequantize the copy to float32, which holds both exactly
+        kc = _attn._dequant(kc, cdt, ks).astype(np.float32)
+        vc = _attn._dequant(vc, cdt, vs).astype(np.float32)
+        cdt, fp8 = L.PA_DTYPE_F32, False
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(D)
+    alibi = A.floats(alibi_slopes, "alibi_slopes", H)
+    window = (int(sliding_window) - 1, 0) if sliding_window and int(sliding_window) > 0 \
+        else (-1, -1)
+    layer = C.get_layer(num_heads=H, num_kv_heads=Hkv, head_size=D, scale=scale, window=window,
+                        alibi_slopes=alibi, q_dtype=qv.kind, kv_dtype=kv.kind, out_dtype=ov.kind,
+                        cache_dtype=cdt, k_scale=ks if fp8 else 1.0, v_scale=vs if fp8 else 1.0)
+    ctx = layer.context(backend)
+    seqs = []
+    slots = []
+    for i in range(B):
+        n, c = int(sl[i]), int(cl[i])
+        table = remap[bt[i, :need[i]]]
+        seqs.append({"context_len": c, "query_len": n - c, "is_prefill": True,
+                     "block_table": table})
+        pos = np.arange(c, n)
+        slots.append(table[pos // bs].astype(np.int64) * bs + pos % bs)
+    if any(int(starts[i]) != sum(int(sl[j] - cl[j]) for j in range(i)) for i in range(B)):
+        raise ValueError("b_start_loc must be the exclusive cumulative sum of the new lengths")
+    if sum(int(n - c) for n, c in zip(sl, cl)) != T:
+        raise ValueError("q has %d rows; the sequences have %d new tokens"
+                         % (T, int((sl - cl).sum())))
+    batch = C.Batch(bs, max(1, used.size), seqs, slot_mapping=np.concatenate(slots))
+    cache = C.paged_cache(A.view(kc, "k_cache"), A.view(vc, "v_cache"), cdt)
+    C.forward(ctx, layer, batch, qv.ptr, A.check_rows(qv, "q"), kv.ptr, A.check_rows(kv, "k"),
+              vv.ptr, A.check_rows(vv, "v"), cache, ov.ptr, A.check_rows(ov, "o"))
+    return o

@@ -97,3 +97,49 @@ def test_convert_fp8_round_trip(rng):
     y = np.empty(x.shape, np.float32)
     pa.convert_fp8(y, b, 0.5, "fp8")
     np.testing.assert_array_equal(y, O.fp8_decode(b, "fp8", 0.5).astype(np.float32))
+
+
+@pytest.mark.parametrize("feature", ["plain", "sliding_window", "alibi", "fp8"])
+def test_context_attention_fwd(backend, rng, feature):
+    """vLLM's test_prefix_prefill: new tokens over a cached prefix (paged layout) + themselves."""
+    H, Hkv, D, bs, nb = 4, 2, 64, 16, 40
+    dt = np.dtype(np.float16)
+    fp8 = feature == "fp8"
+    ctx = np.array([0, 17, 40], np.int64)
+    new = np.array([9, 5, 1], np.int64)
+    sl = ctx + new
+    perm = rng.permutation(nb).astype(np.int32)
+    bt = perm[:3 * 4].reshape(3, 4)
+    if fp8:
+        kflash = O.fp8_encode(rng.standard_normal((nb, bs, Hkv, D)), "fp8", 0.5)
+        vflash = O.fp8_encode(rng.standard_normal((nb, bs, Hkv, D)), "fp8", 0.5)
+    else:
+        kflash = randn(rng, (nb, bs, Hkv, D), dt)
+        vflash = randn(rng, (nb, bs, Hkv, D), dt)
+    kc, vc = _layout(kflash, vflash, 16 if fp8 else 8)
+    kc0 = kc.copy()
+    T = int(new.sum())
+    q, k, v = randn(rng, (T, H, D), dt), randn(rng, (T, Hkv, D), dt), randn(rng, (T, Hkv, D), dt)
+    o = np.empty_like(q)
+    starts = np.concatenate([[0], np.cumsum(new)[:-1]])
+    kw = {}
+    rkw = {"scale": D ** -0.5}
+    if feature == "sliding_window":
+        kw["sliding_window"] = 8
+        rkw["window"] = (7, 0)
+    if feature == "alibi":
+        kw["alibi_slopes"] = rkw["alibi"] = O.alibi_slopes(H)
+    kcd = "fp8" if fp8 else "auto"
+    pa.context_attention_fwd(q, k, v, o, kcd, kc, vc, bt, starts, sl, ctx, int(new.max()),
+                             0.5 if fp8 else 1.0, 0.5 if fp8 else 1.0, backend=backend, **kw)
+    np.testing.assert_array_equal(kc, kc0)  # the caches are not modified
+    s = 0
+    for i in range(3):
+        c, n = int(ctx[i]), int(new[i])
+        Kc = O.gather(kflash, bt[i], c, kcd if fp8 else None, 0.5)
+        Vc = O.gather(vflash, bt[i], c, kcd if fp8 else None, 0.5)
+        K = np.concatenate([Kc, O.to_f64(k[s:s + n])])
+        V = np.concatenate([Vc, O.to_f64(v[s:s + n])])
+        ro, _ = O.attention(q[s:s + n], K, V, c + np.arange(n), **rkw)
+        O.assert_close(o[s:s + n], ro, dt)  # fp8: the context dequantized, new K/V exact
+        s += n
