@@ -42,6 +42,12 @@ typedef struct pa__cpu_kernels {
     /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c]. */
     void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                const float *alpha, const unsigned char *colmask, float *o);
+    /* Optional (NULL: load_rows + qk). Prefill tiles: kt[j * CPU_KT + i] = convert(rows[i][j])
+     * (transposed, zero for j >= d and for i in [n, n rounded up to 16)); then
+     * S[r][c] = dot(Q[r], K[c]) as outer products (no horizontal sums); S columns up to nc
+     * rounded up to 16 are written. */
+    void (*load_rows_t)(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *kt);
+    void (*qk_t)(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds);
     /* Optional (NULL: convert to scratch with load_rows, then qk / pv). The same products
      * straight from the cache rows, converting in registers; only for head_size % 16 == 0
      * (so dp == d) and short tiles (decode). */

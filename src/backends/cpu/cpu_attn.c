@@ -224,6 +224,9 @@ static void run_item(void *arg, int64_t index, int thread)
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
          * nothing to amortize a converted copy over */
         const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= 8;
+        /* long tiles (prefill) transpose K once and take outer products; needs the tile's
+         * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
+        const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
         int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
         for (; j0 < uhi; j0 += kt) {
             int64_t a = j0 > ulo ? j0 : ulo;
@@ -257,6 +260,9 @@ static void run_item(void *arg, int64_t index, int thread)
                 key_rows(&ks[k], false, a, nc, sc->rows);
                 if (direct) {
                     K->qk_src(ks[k].dtype, sc->rows, nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
+                } else if (transposed) {
+                    K->load_rows_t(ks[k].dtype, sc->rows, nc, d, dp, kk);
+                    K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
                 } else {
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);

@@ -94,5 +94,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->pv = g_pv;
     k->store_row = g_store_row;
     k->qk_src = NULL;
+    k->load_rows_t = NULL;
+    k->qk_t = NULL;
     k->pv_src = NULL;
 }

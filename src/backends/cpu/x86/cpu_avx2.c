@@ -205,6 +205,77 @@ static void a2_qk(const float *q, int nr, const float *k, int nc, int dp, float 
     }
 }
 
+/* ---- S = Q K^T with K transposed (prefill tiles) ------------------------------------------ */
+
+static inline void transpose8(__m256 *r)
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+static void a2_load_rows_t(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *kt)
+{
+    float tmp[8 * 512] __attribute__((aligned(64)));
+    int n16 = (n + 15) & ~15;
+    for (int i0 = 0; i0 < n16; i0 += 8) {
+        int m = n - i0 < 8 ? (n - i0 > 0 ? n - i0 : 0) : 8;
+        a2_load_rows(dtype, rows + i0, m, d, dp, tmp);
+        for (int i = m; i < 8; i++) memset(tmp + (size_t)i * dp, 0, (size_t)dp * sizeof(float));
+        for (int j = 0; j < dp; j += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_load_ps(tmp + (size_t)i * dp + j);
+            transpose8(r);
+            for (int t = 0; t < 8; t++) _mm256_store_ps(kt + (size_t)(j + t) * CPU_KT + i0, r[t]);
+        }
+    }
+}
+
+/* R rows x 16 keys: 2R accumulators; one broadcast of q per row and dimension. */
+static inline __attribute__((always_inline)) void qkt_block(int R, const float *q, const float *kt,
+                                                            int c0, int dp, float *s, int lds)
+{
+    __m256 a[6][2];
+    for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    for (int j = 0; j < dp; j++) {
+        __m256 k0 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0);
+        __m256 k1 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0 + 8);
+        for (int i = 0; i < R; i++) {
+            __m256 b = _mm256_broadcast_ss(q + (size_t)i * dp + j);
+            a[i][0] = _mm256_fmadd_ps(b, k0, a[i][0]);
+            a[i][1] = _mm256_fmadd_ps(b, k1, a[i][1]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        _mm256_storeu_ps(s + (size_t)i * lds + c0, a[i][0]);
+        _mm256_storeu_ps(s + (size_t)i * lds + c0 + 8, a[i][1]);
+    }
+}
+
+static void a2_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
+{
+    int n16 = (nc + 15) & ~15, r = 0;
+    for (; r + 6 <= nr; r += 6)
+        for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(6, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+    for (; r + 4 <= nr; r += 4)
+        for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(4, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+    for (; r < nr; r++)
+        for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(1, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+}
+
 /* ---- softmax pieces ----------------------------------------------------------------------- */
 
 static float a2_row_max(const float *s, int n)
@@ -595,5 +666,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->pv = a2_pv;
     k->store_row = a2_store_row;
     k->qk_src = a2_qk_src;
+    k->load_rows_t = a2_load_rows_t;
+    k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;
 }
