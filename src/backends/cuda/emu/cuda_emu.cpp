@@ -207,6 +207,37 @@ cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int v)
 {
     return v > 227 * 1024 ? cudaErrorInvalidValue : cudaSuccess;
 }
+struct CUevent_st {
+    double t;
+};
+#include <time.h>
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new CUevent_st{0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
+{
+    e->t = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    *ms = (float)(b->t - a->t);
+    return cudaSuccess;
+}
 const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaError(emu)"; }
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
 }
