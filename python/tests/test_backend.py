@@ -384,3 +384,30 @@ def test_vllm_field_style_metadata_enc_dec(backend, rng):
                             vx[e:e + m].reshape(m, H, D), [0], scale=0.25, causal=False)
         O.assert_close(oc2[i:i + 1].reshape(1, H, D), ro, dt)
         e += m
+
+
+def test_calls_from_several_threads(backend, rng):
+    """One context per backend, used from many Python threads: results equal the serial ones."""
+    import threading
+    H, Hkv, D, bs = 4, 2, 32, 8
+    kc = randn(rng, (20, bs, Hkv, D), np.float32)
+    vc = randn(rng, (20, bs, Hkv, D), np.float32)
+    bt = rng.permutation(20).astype(np.int32).reshape(4, 5)
+    qs = [randn(rng, (4, 2, H, D), np.float32) for _ in range(8)]
+    lens = np.array([40, 7, 22, 13], np.int32)
+    serial = [pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=bt,
+                                         causal=True, backend=backend) for q in qs]
+    results = [None] * len(qs)
+
+    def work(i):
+        for _ in range(3):
+            results[i] = pa.flash_attn_with_kvcache(qs[i], kc, vc, cache_seqlens=lens,
+                                                    block_table=bt, causal=True, backend=backend)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(qs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(results, serial):
+        np.testing.assert_array_equal(a, b)
