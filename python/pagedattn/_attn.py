@@ -24,7 +24,6 @@ Sequences are grouped into as few library calls as possible; a group breaks wher
 skipped or where a per-sequence parameter (ALiBi slopes of shape [batch, num_heads]) changes.
 """
 
-import math
 
 import numpy as np
 
@@ -102,10 +101,6 @@ def _gather_keys(src, table, k_len, kstart):
     return K[blocks, j % src.block_size], V[blocks, j % src.block_size]
 
 
-def _np_kind(a):
-    return a.dtype
-
-
 def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks, cache_dtype,
         k_scale, v_scale, backend, new_kv=None, same_rows_kv=None):
     """Runs attention.
@@ -161,7 +156,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     noncausal_rel = (not causal) and (wl >= 0 or wr >= 0 or alibi is not None)
     if noncausal_rel and same_rows_kv is None:
         return _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs,
-                           alibi, sinks)
+                           alibi, sinks, (wl, wr))
 
     if causal:
         attn_type = L.PA_ATTN_DECODER
@@ -259,7 +254,8 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
                   out.offset(r0 * out_rs), out_rs, lp, lts, lhs)
 
 
-def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, alibi, sinks):
+def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, alibi, sinks,
+                window):
     """Non-causal attention with a window or ALiBi over keys that are not the query rows.
 
     Per sequence, its keys are gathered into packed rows (fp8 dequantized to float32). Rows with
@@ -272,7 +268,7 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
     rows, H, D = q.shape
     Qn = as_numpy(q)
     On = as_numpy(out)
-    wl, wr = _window_of(layer_for)
+    wl, wr = window
     for i, s in enumerate(seqs):
         ql, kl = s["q_len"], s["k_len"]
         if ql > kl and kl > 0 and alibi is not None and sinks is not None:
@@ -356,6 +352,3 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
                       ).astype(np.float32)
             lse[5](q0 + t0, nrow, Lr)
 
-
-def _window_of(layer_for):
-    return layer_for.__defaults__[0]

@@ -11,7 +11,6 @@ pagedattn.
 """
 
 import ctypes
-import math
 import threading
 
 import numpy as np

@@ -752,7 +752,8 @@ def _pool_cache(kv, vv, kname, vname):
     """pa_cache treating each block of the two pools as opaque contiguous bytes."""
     nb, ks, ke = _block_geometry(kv, kname)
     nbv, vs, ve = _block_geometry(vv, vname)
-    kd, vd = _pool_dtype(kv, kname), _pool_dtype(vv, vname)
+    kd = _pool_dtype(kv, kname)
+    _pool_dtype(vv, vname)  # validates the value dtype too (bytes are copied as they are)
     if kv.itemsize != vv.itemsize or nb != nbv or ke != ve or (nb > 1 and ks != vs):
         raise ValueError("%s (shape %s, strides %s) and %s (shape %s, strides %s) must have the "
                          "same geometry" % (kname, kv.shape, kv.strides, vname, vv.shape,

@@ -9,7 +9,6 @@ attention calls therefore copy the blocks a batch uses into a compact flash-layo
 calls for speed.
 """
 
-import ctypes
 import math
 
 import numpy as np
