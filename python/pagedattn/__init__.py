@@ -18,7 +18,10 @@ from ._lib import lib as _clib
 from .backend import (AttentionType, PagedAttnBackend, PagedAttnImpl, PagedAttnMetadata,
                       PagedAttnMetadataBuilder, available_backends, get_attn_backend,
                       get_num_threads, set_num_threads)
-from .ops import (copy_blocks, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+from .ops import (copy_blocks, flash_attn_func, flash_attn_kvpacked_func,
+                  flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                  flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+                  flash_attn_with_kvcache,
                   merge_attn_states, reshape_and_cache_flash, swap_blocks)
 
 from .vllm_ops import (context_attention_fwd, convert_fp8, paged_attention_v1,
@@ -47,7 +50,8 @@ def backend_info(name):
 
 __all__ = [
     "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_func",
-    "reshape_and_cache_flash", "copy_blocks",
+    "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func", "reshape_and_cache_flash", "copy_blocks",
     "swap_blocks", "merge_attn_states", "get_attn_backend", "available_backends",
     "set_num_threads", "get_num_threads", "AttentionType", "PagedAttnBackend", "PagedAttnImpl",
     "PagedAttnMetadata", "PagedAttnMetadataBuilder", "PagedAttnError", "PagedAttnValueError",

@@ -15,6 +15,8 @@ from . import _core as C
 from . import _lib as L
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_func",
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
            "reshape_and_cache_flash",
            "copy_blocks", "swap_blocks", "merge_attn_states"]
 
@@ -947,3 +949,72 @@ def _overlaps(a, b):
     a0, a1 = extent(a)
     b0, b1 = extent(b)
     return a0 < b1 and b0 < a1
+
+
+# ---- FlashAttention's packed-input variants ------------------------------------------------------
+
+def _split(x, axis, n, name):
+    v = A.view(x, name)
+    if v.ndim <= axis or v.shape[axis] != n:
+        raise ValueError("%s must have %d at dim %d, got shape %s" % (name, n, axis, v.shape))
+    idx = [slice(None)] * v.ndim
+    out = []
+    for i in range(n):
+        idx[axis] = i
+        out.append(x[tuple(idx)])
+    return out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=None, softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, backend=None,
+                              **ignored):
+    """FlashAttention's ``flash_attn_qkvpacked_func``: ``qkv [batch, seqlen, 3, heads, dim]``
+    (views, no copies); otherwise as :func:`flash_attn_func`."""
+    q, k, v = _split(qkv, 2, 3, "qkv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, backend=backend,
+                           **ignored)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=None, softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, backend=None,
+                             **ignored):
+    """FlashAttention's ``flash_attn_kvpacked_func``: ``kv [batch, seqlen_k, 2, kv_heads, dim]``;
+    otherwise as :func:`flash_attn_func`."""
+    k, v = _split(kv, 2, 2, "kv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, backend=backend,
+                           **ignored)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=None,
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, backend=None, **ignored):
+    """FlashAttention's ``flash_attn_varlen_qkvpacked_func``: ``qkv [total, 3, heads, dim]``
+    with ``cu_seqlens`` shared by queries and keys."""
+    q, k, v = _split(qkv, 1, 3, "qkv")
+    return flash_attn_varlen_func(q, k, v, max_seqlen, cu_seqlens, max_seqlen, cu_seqlens,
+                                  softmax_scale=softmax_scale, causal=causal,
+                                  window_size=window_size, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                  return_attn_probs=return_attn_probs, backend=backend,
+                                  **ignored)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=None, softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, backend=None, **ignored):
+    """FlashAttention's ``flash_attn_varlen_kvpacked_func`` (upstream argument order):
+    ``kv [total_k, 2, kv_heads, dim]``."""
+    k, v = _split(kv, 1, 2, "kv")
+    return flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k,
+                                  softmax_scale=softmax_scale, causal=causal,
+                                  window_size=window_size, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                  return_attn_probs=return_attn_probs, backend=backend,
+                                  **ignored)

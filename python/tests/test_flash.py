@@ -514,3 +514,30 @@ def test_with_kvcache_rotary(backend, rng, interleaved, causal):
         ro, _ = O.attention(qr, O.to_f64(kc[b, :n]), O.to_f64(vc[b, :n]), n - Sq + np.arange(Sq),
                             scale=D ** -0.5, causal=causal)
         O.assert_close(out[b], ro, dt, atol=1e-4, rtol=1e-4)
+
+
+def test_packed_variants(backend, rng):
+    """qkv / kv packed inputs are strided views; results equal the unpacked calls."""
+    B, S, H, D = 2, 7, 4, 16
+    dt = np.dtype(np.float16)
+    qkv = randn(rng, (B, S, 3, H, D), dt)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    ref = pa.flash_attn_func(np.ascontiguousarray(q), np.ascontiguousarray(k),
+                             np.ascontiguousarray(v), causal=True, backend=backend)
+    np.testing.assert_array_equal(pa.flash_attn_qkvpacked_func(qkv, causal=True, backend=backend),
+                                  ref)
+    kv = np.ascontiguousarray(qkv[:, :, 1:])
+    np.testing.assert_array_equal(
+        pa.flash_attn_kvpacked_func(np.ascontiguousarray(q), kv, causal=True, backend=backend),
+        ref)
+    cu = np.array([0, S, 2 * S], np.int32)
+    flat = qkv.reshape(B * S, 3, H, D)
+    o = pa.flash_attn_varlen_qkvpacked_func(flat, cu, S, causal=True, backend=backend)
+    np.testing.assert_array_equal(o.reshape(B, S, H, D), ref)
+    o = pa.flash_attn_varlen_kvpacked_func(np.ascontiguousarray(q).reshape(B * S, H, D),
+                                           kv.reshape(B * S, 2, H, D), cu, cu, S, S,
+                                           causal=True, backend=backend)
+    np.testing.assert_array_equal(o.reshape(B, S, H, D), ref)
+    for b in range(B):
+        ro, _ = O.attention(q[b], k[b], v[b], np.arange(S), scale=D ** -0.5)
+        O.assert_close(ref[b], ro, dt)
