@@ -102,7 +102,7 @@ def _gather_keys(src, table, k_len, kstart):
 
 
 def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks, cache_dtype,
-        k_scale, v_scale, backend, new_kv=None, same_rows_kv=None):
+        k_scale, v_scale, backend, new_kv=None, same_rows_kv=None, before_write=None):
     """Runs attention.
 
     q, out: Views [rows, H, D]. lse: None or (View-or-array obj, base_ptr, token_stride,
@@ -110,6 +110,9 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     k_start (packed). alibi: None, float32 [H] or [B, H]. new_kv: None or (k View, v View,
     slot_mapping int64 [rows]) to be written by the forward call itself (decoder, one group).
     same_rows_kv: (k View, v View) when keys are exactly the query rows (packed self-attention).
+    before_write: called once everything is validated (layers, backends, batches), before the
+    first write to out, lse or a cache (e.g. the caller's own cache write), so that a rejected
+    call changes nothing.
     """
     rows, H, D = q.shape
     Hkv = src.cache.num_kv_heads if src is not None else same_rows_kv[0].shape[1]
@@ -156,7 +159,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     noncausal_rel = (not causal) and (wl >= 0 or wr >= 0 or alibi is not None)
     if noncausal_rel and same_rows_kv is None:
         return _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs,
-                           alibi, sinks, (wl, wr))
+                           alibi, sinks, (wl, wr), before_write)
 
     if causal:
         attn_type = L.PA_ATTN_DECODER
@@ -167,6 +170,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
 
     # ---- plan the groups ----
     groups = []
+    empties = []
     cur = None
     prev_end = None
     for i, s in enumerate(seqs):
@@ -178,7 +182,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
         else:
             skip = 0
         eff = ql - skip
-        empty_rows(s["q_start"], skip)
+        empties.append((s["q_start"], skip))
         if eff == 0:
             cur = None
             continue
@@ -233,6 +237,10 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
             batch = C.Batch(1, 1, pseqs, slot_mapping=slots)
         prepared.append((g, layer, ctx, batch))
 
+    if before_write is not None:
+        before_write()
+    for start, n in empties:
+        empty_rows(start, n)
     for g, layer, ctx, batch in prepared:
         r0 = g["first_row"]
         kp = vp = None
@@ -255,7 +263,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
 
 
 def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, alibi, sinks,
-                window):
+                window, before_write=None):
     """Non-causal attention with a window or ALiBi over keys that are not the query rows.
 
     Per sequence, its keys are gathered into packed rows (fp8 dequantized to float32). Rows with
@@ -269,12 +277,21 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
     Qn = as_numpy(q)
     On = as_numpy(out)
     wl, wr = window
+    kvd0 = src.cache.dtype
+    if kvd0 in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2):
+        kvd0 = L.PA_DTYPE_F32
     for i, s in enumerate(seqs):
         ql, kl = s["q_len"], s["k_len"]
         if ql > kl and kl > 0 and alibi is not None and sinks is not None:
             raise NotImplementedError(
                 "non-causal attention with ALiBi and sinks where seqlen_q (%d) > seqlen_k (%d) is "
                 "not supported" % (ql, kl))
+        if ql and kl:  # validate the layers and their backend before anything is written
+            layer_for(L.PA_ATTN_ENCODER_ONLY, i, kvd=kvd0, cd=kvd0).context(backend)
+            if ql > kl:
+                layer_for(L.PA_ATTN_DECODER, i, w=(-1, -1), kvd=kvd0, cd=kvd0).context(backend)
+    if before_write is not None:
+        before_write()
     for i, s in enumerate(seqs):
         ql, kl = s["q_len"], s["k_len"]
         if ql == 0:

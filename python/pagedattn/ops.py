@@ -285,13 +285,15 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         lse_obj = A.empty_f32(qv, (H, total_q))
         lv = A.view(lse_obj, "lse")
         lse = _lse_varlen(lse_obj, lv, total_q)
-    if cu_q[-1] < total_q:  # rows past the last sequence belong to none: 0 and -inf
-        A.fill_rows(ov, int(cu_q[-1]), total_q - int(cu_q[-1]), 0)
-        if lse is not None:
-            lse[4](int(cu_q[-1]), total_q - int(cu_q[-1]))
+    def pad_rows():  # rows past the last sequence belong to none: 0 and -inf
+        if cu_q[-1] < total_q:
+            A.fill_rows(ov, int(cu_q[-1]), total_q - int(cu_q[-1]), 0)
+            if lse is not None:
+                lse[4](int(cu_q[-1]), total_q - int(cu_q[-1]))
+
     _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
               alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
-              same_rows_kv=same_rows)
+              same_rows_kv=same_rows, before_write=pad_rows)
     if return_attn_probs:
         return out_obj, lse_obj, None
     if return_softmax_lse:
@@ -552,11 +554,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     direct = (new_kv is not None and causal and Snew == Sq and bool(np.all(klens >= Sq)) and
               (alibi is None or alibi.ndim == 1) and
               new_kv[0].kind in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16))
+    write = None
     if new_kv is not None and not direct:
-        _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)
+        def write():
+            _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)
     _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
               alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
-              new_kv=new_kv if direct else None)
+              new_kv=new_kv if direct else None, before_write=write)
     if return_softmax_lse:
         lse_arr = lse_tmp.reshape(B, Sq, H).transpose(0, 2, 1)
         if qv.torch:

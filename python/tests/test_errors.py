@@ -193,3 +193,20 @@ def test_unknown_and_unavailable_backends(rng):
                                   seqused_k=np.array([8], np.int32), causal=True,
                                   block_table=np.array([[0, 1]], np.int32),
                                   backend=unavailable[0])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_with_kvcache_rejected_backend_writes_nothing(rng, causal):
+    """An append that would go through a separate cache write (seqlen_new != seqlen_q) with a
+    backend that cannot be used: neither the cache nor out is touched."""
+    H, D, bs, nb = 2, 8, 4, 4
+    kc = nan_cache(nb, bs, H, D, np.float32)
+    vc = nan_cache(nb, bs, H, D, np.float32)
+    q = randn(rng, (1, 3, H, D), np.float32)
+    k = randn(rng, (1, 1, H, D), np.float32)
+    out = np.full((1, 3, H, D), 5.0, np.float32)
+    with pytest.raises(ValueError):
+        pa.flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=np.array([2], np.int32),
+                                   block_table=np.array([[0, 1]], np.int32), causal=causal,
+                                   window_size=(1, 1), out=out, backend="no-such-backend")
+    assert np.isnan(kc).all() and np.isnan(vc).all() and (out == 5.0).all()
