@@ -15,17 +15,21 @@ typedef struct kv_source {
     double k_scale, v_scale;
 } kv_source;
 
-/* Element d of key (or value) j of KV head kh, dequantized. */
-static double kv_at(const kv_source *s, bool value, int64_t j, int32_t kh, int32_t head_size, int32_t d)
+/* Key (or value) j of KV head kh, dequantized, into row[0..head_size). */
+static void kv_row(const kv_source *s, bool value, int64_t j, int32_t kh, int32_t head_size, double *row)
 {
+    const void *base;
+    int64_t off;
+    double scale = 1.0;
     if (s->cache) {
-        int64_t off = pa__cache_key_offset(s->cache, s->table, j) + kh * s->cache->head_stride + d;
-        double x = pa__load_f32(s->dtype, value ? s->cache->value : s->cache->key, off);
-        return x * (value ? s->v_scale : s->k_scale);
+        base = value ? s->cache->value : s->cache->key;
+        off = pa__cache_key_offset(s->cache, s->table, j) + kh * s->cache->head_stride;
+        scale = value ? s->v_scale : s->k_scale;
+    } else {
+        base = value ? s->v : s->k;
+        off = (s->first_row + j) * (value ? s->v_rs : s->k_rs) + (int64_t)kh * head_size;
     }
-    int64_t row = s->first_row + j;
-    return value ? pa__load_f32(s->dtype, s->v, row * s->v_rs + (int64_t)kh * head_size + d)
-                 : pa__load_f32(s->dtype, s->k, row * s->k_rs + (int64_t)kh * head_size + d);
+    for (int32_t d = 0; d < head_size; d++) row[d] = pa__load_f32(s->dtype, base, off + d) * scale;
 }
 
 /* The logit s_j of the contract, steps 1-3: scale * q.k, soft-cap, ALiBi. */
@@ -33,9 +37,9 @@ static double logit(const struct pa_layer *L, const kv_source *s, const double *
                     int64_t p, int64_t j)
 {
     const pa_layer_config *c = &L->cfg;
-    int32_t kh = h / L->group;
-    double dot = 0;
-    for (int32_t d = 0; d < c->head_size; d++) dot += q[d] * kv_at(s, false, j, kh, c->head_size, d);
+    double k[512], dot = 0;
+    kv_row(s, false, j, h / L->group, c->head_size, k);
+    for (int32_t d = 0; d < c->head_size; d++) dot += q[d] * k[d];
     double x = (double)c->scale * dot;
     if (c->logits_soft_cap > 0) x = c->logits_soft_cap * tanh(x / c->logits_soft_cap);
     if (L->alibi) x += pa__alibi_bias(L->alibi[h], p, j);
@@ -63,9 +67,10 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
     double denom = 0;
     for (int64_t j = lo; j < hi && m > -INFINITY; j++) {
         if (!pa__blocksparse_visible(L, h, p, j)) continue;
-        double w = exp(logit(L, s, q, h, p, j) - m);
+        double w = exp(logit(L, s, q, h, p, j) - m), v[512];
         denom += w;
-        for (int32_t d = 0; d < D; d++) acc[d] += w * kv_at(s, true, j, h / L->group, D, d);
+        kv_row(s, true, j, h / L->group, D, v);
+        for (int32_t d = 0; d < D; d++) acc[d] += w * v[d];
     }
     if (L->sinks && m > -INFINITY) denom += exp(L->sinks[h] - m);
     /* No visible key and no sink: out = 0, lse = -inf. */
