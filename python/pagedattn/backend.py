@@ -417,8 +417,9 @@ class PagedAttnImpl:
         self._layer(L.PA_DTYPE_F32, L.PA_DTYPE_F32, L.PA_DTYPE_F32,
                     A.FP8_NAMES.get(self.kv_cache_dtype, L.PA_DTYPE_F32), 1.0, 1.0)
 
-    def _layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale):
-        key = (q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale)
+    def _layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale, attn_type=None):
+        key = (q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale,
+               self.attn_type if attn_type is None else attn_type)
         layers = self.__dict__.setdefault("_layers", {})
         layer = layers.get(key)
         if layer is None:
@@ -427,9 +428,9 @@ class PagedAttnImpl:
                 layers[key] = layer
         return layer
 
-    def _make_layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale):
+    def _make_layer(self, q_dtype, kv_dtype, out_dtype, cache_dtype, k_scale, v_scale, attn_type):
         return C.get_layer(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                           head_size=self.head_size, scale=self.scale, attn_type=self.attn_type,
+                           head_size=self.head_size, scale=self.scale, attn_type=attn_type,
                            sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes,
                            logits_soft_cap=self.logits_soft_cap, sinks=self.sinks,
                            blocksparse=self.blocksparse, q_dtype=q_dtype, kv_dtype=kv_dtype,
@@ -452,12 +453,14 @@ class PagedAttnImpl:
             attn_metadata: a :class:`PagedAttnMetadata`.
             k_scale, v_scale: fp8 scales.
             output: optional output array ``[num_tokens, num_heads * head_size]``.
+            attn_type: overrides the impl's attention type for this call (vLLM <= 0.6 passed
+                it to forward).
 
         Returns:
             the output ``[num_tokens, num_heads * head_size]`` in query's dtype.
         """
-        if attn_type is not None and _attn_type_code(attn_type) != self.attn_type:
-            raise ValueError("attn_type %r differs from the impl's" % (attn_type,))
+        # vLLM <= 0.6 passes the type to forward; later versions give it to the constructor
+        at = self.attn_type if attn_type is None else _attn_type_code(attn_type)
         md = attn_metadata
         if not isinstance(md, PagedAttnMetadata):
             raise TypeError("attn_metadata must be a PagedAttnMetadata (from the backend's "
@@ -474,7 +477,6 @@ class PagedAttnImpl:
             vv = _heads_view(value, A.float_view(value, "value"), Hkv, D, "value")
             if kv.kind != vv.kind or kv.shape != vv.shape:
                 raise ValueError("key and value must have the same shape and dtype")
-        at = self.attn_type
         if at == L.PA_ATTN_ENCODER:
             expect = md.num_encoder_tokens
         else:
@@ -522,7 +524,7 @@ class PagedAttnImpl:
         if not fp8:
             ks = vs = 1.0
         kvd = kv.kind if kv is not None else qv.kind
-        layer = self._layer(qv.kind, kvd, ov.kind, cdt, ks, vs)
+        layer = self._layer(qv.kind, kvd, ov.kind, cdt, ks, vs, at)
         ctx = layer.context(self.backend)
         if at == L.PA_ATTN_ENCODER:
             batch = md.batch(num_blocks, encoder_self=True)

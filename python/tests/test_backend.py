@@ -411,3 +411,25 @@ def test_calls_from_several_threads(backend, rng):
         t.join()
     for a, b in zip(results, serial):
         np.testing.assert_array_equal(a, b)
+
+
+def test_attn_type_given_to_forward(backend, rng):
+    """vLLM <= 0.6 passes attn_type to forward (an enum whose member names are the types)."""
+    import enum
+
+    class AttentionType(enum.Enum):
+        DECODER = enum.auto()
+        ENCODER_ONLY = enum.auto()
+
+    be = pa.get_attn_backend(backend)
+    H, D = 2, 8
+    impl = be.get_impl_cls()(H, D, 0.5)
+    md = be.make_metadata(seq_lens=[3, 4], block_size=4)
+    q, k, v = (randn(rng, (7, H * D), np.float32) for _ in range(3))
+    out = impl.forward(q, k, v, None, md, attn_type=AttentionType.ENCODER_ONLY)
+    s = 0
+    for n in (3, 4):
+        ro, _ = O.attention(q[s:s + n].reshape(n, H, D), k[s:s + n].reshape(n, H, D),
+                            v[s:s + n].reshape(n, H, D), np.arange(n), scale=0.5, causal=False)
+        O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
+        s += n
