@@ -141,6 +141,11 @@ static void test_write_f32_layouts(void)
         CHECK(kr[7] == 14.0f);
         CHECK_OK(pa_cache_read_token(&c, 14, 1.0f, 1.0f, NULL, kr));
         CHECK(kr[7] == -14.0f);
+        /* scales apply to fp8 caches only: an f32 cache reads back as stored */
+        CHECK_OK(pa_cache_read_token(&c, 14, 2.0f, 4.0f, kr, NULL));
+        CHECK(kr[7] == 14.0f);
+        CHECK_OK(pa_cache_read_token(&c, 14, 2.0f, 4.0f, NULL, kr));
+        CHECK(kr[7] == -14.0f);
         /* num_tokens 0 writes nothing, NULL pointers allowed */
         CHECK_OK(pa_cache_write(NULL, &c, PA_DTYPE_F32, NULL, 0, NULL, 0, NULL, 0, 1.0f, 1.0f));
     }
