@@ -3,7 +3,8 @@
  * override the conversion, QK and PV entries of the AVX2 table (installed first); the softmax
  * pieces and the output store stay AVX2. Arithmetic is fp32 FMA: the AVX512-BF16 dot product
  * (vdpbf16ps) would need the queries rounded to bf16, which the numerics contract forbids.
- * NOTE: written and compiled on an AVX2-only machine; not yet executed (see bench/NOTES.md). */
+ * NOTE: written on an AVX2-only machine: checked on the whole case grid with the intrinsics
+ * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run on AVX-512 hardware. */
 #include "../cpu.h"
 
 #include <immintrin.h>
