@@ -290,7 +290,7 @@ static void random_pattern(pa_dtype dtype, unsigned char *pat, size_t bytes, uin
     free(tmp);
 }
 
-static pa_status setup_case(const bcase *c, const pa_backend *be, bsetup *S)
+static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bsetup *S)
 {
     memset(S, 0, sizeof *S);
     S->c = *c;
@@ -341,6 +341,7 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, bsetup *S)
     S->nlayers = (int)ceil(256.0 * 1048576.0 / per_layer);
     if (S->nlayers < 1) S->nlayers = 1;
     if (S->nlayers > 16) S->nlayers = 16;
+    if (tiny) S->nlayers = 1; /* the scalar reference is compute-bound: one layer is enough */
     S->caches = calloc((size_t)S->nlayers, sizeof *S->caches);
     unsigned char *pat = malloc(65536);
     random_pattern(c->cache, pat, 65536, 42);
@@ -520,7 +521,9 @@ int pa_tool_bench(int argc, char **argv)
             return 2;
         }
     }
-    if (quick && repeats == 5) repeats = 2;
+    int repeats_given = 0;
+    for (int i = 1; i < argc; i++) repeats_given |= !strcmp(argv[i], "--repeats");
+    if (quick && !repeats_given) repeats = 2;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
     if (nthreads == 0) {
@@ -566,9 +569,18 @@ int pa_tool_bench(int argc, char **argv)
     for (int i = 0; i < nthreads; i++) measure_limits(threads[i], quick, buf, bw_bytes, &lims[i]);
     free(buf);
 
+    double load = -1;
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (fscanf(lf, "%lf", &load) != 1) load = -1;
+        fclose(lf);
+    }
     if (!json) {
         printf("pagedattn %s bench%s: limits measured now (read buffer %zu MiB; LLC is far smaller)\n",
                pa_version_string(), quick ? " --quick" : "", bw_bytes >> 20);
+        if (load >= 0)
+            printf("  load average %.2f on %ld online cores%s\n", load, cores,
+                   load > 0.5 * (double)cores ? ": other processes compete, figures are low and noisy" : "");
         for (int i = 0; i < nthreads; i++) {
             printf("  %2d thread(s): read %6.1f GB/s   fp32 FMA %7.1f GFLOP/s   bf16 dot ",
                    lims[i].threads, lims[i].read_gbs, lims[i].fma_gflops);
@@ -578,7 +590,8 @@ int pa_tool_bench(int argc, char **argv)
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
-        printf("{\n  \"version\": \"%s\",\n  \"limits\": [", pa_version_string());
+        printf("{\n  \"version\": \"%s\",\n  \"load_average\": %.2f,\n  \"online_cores\": %ld,\n  \"limits\": [",
+               pa_version_string(), load, cores);
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.3f", lims[i].bf16_gflops);
@@ -603,7 +616,7 @@ int pa_tool_bench(int argc, char **argv)
             if (filter && !strstr(cs[ci].name, filter)) continue;
             bsetup S;
             progress("%s: setting up %s", pa_backend_name(bes[bi]), cs[ci].name);
-            st = setup_case(&cs[ci], bes[bi], &S);
+            st = setup_case(&cs[ci], bes[bi], tiny, &S);
             if (st) {
                 fprintf(stderr, "bench: %s: setup failed: %s\n", cs[ci].name, pa_last_error());
                 free_case(&S);
@@ -615,7 +628,11 @@ int pa_tool_bench(int argc, char **argv)
                 progress("%s: %s, %d thread(s), %d repeats", R.backend, cs[ci].name, threads[ti], repeats);
                 pa_context_set_num_threads(ctx, threads[ti]);
                 R.threads = pa_context_num_threads(ctx);
-                st = time_case(&S, ctx, tiny && repeats > 2 ? 2 : repeats, &R);
+                /* prefill steps take seconds: 3 repeats unless asked otherwise */
+                int reps = repeats;
+                if (!repeats_given && cs[ci].nprefill && !cs[ci].ndecode && reps > 3) reps = 3;
+                if (tiny && reps > 2) reps = 2;
+                st = time_case(&S, ctx, reps, &R);
                 if (st) {
                     progress("%s", "");
                     fprintf(stderr, "bench: %s on %s: %s\n", cs[ci].name, R.backend, pa_last_error());
