@@ -54,7 +54,7 @@ static pa_status run(pa_context *ctx, bool dev, const pa_layer *layer, const pa_
                      const sdesc *all, const int *ids, int n, result *r)
 {
     pa_seq seqs[8];
-    int32_t tables[8][256];
+    static int32_t tables[8][1024];
     int64_t ntok = 0;
     for (int i = 0; i < n; i++) {
         const sdesc *s = &all[ids[i]];
