@@ -153,6 +153,16 @@ static inline int64_t pa__kv_len(const struct pa_batch *b, pa_attn_type type, in
     }
 }
 
+/* Sequence s's block table row for a layer of `type` (the cross table for encoder_decoder);
+ * NULL when the batch has no such table (no encoder tokens, or a sequence without blocks). */
+static inline const int32_t *pa__seq_table(const struct pa_batch *b, pa_attn_type type, int32_t s)
+{
+    if (type == PA_ATTN_ENCODER_DECODER)
+        return b->md.cross_block_tables ? b->md.cross_block_tables + (int64_t)s * b->md.max_cross_blocks_per_seq
+                                        : NULL;
+    return b->md.block_tables + (int64_t)s * b->md.max_blocks_per_seq;
+}
+
 /* ---- caches ------------------------------------------------------------------------------- */
 
 /* Element offset of (block, token-in-block, kv head) in either pool. */

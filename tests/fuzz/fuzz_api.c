@@ -402,11 +402,6 @@ static void run_forward(rd *r, world *w, pa_context *ctx, const pa_plan *plan)
     int64_t T = m->num_tokens, ET = m->num_encoder_tokens, H = lc->num_heads, KVH = lc->num_kv_heads,
             D = lc->head_size;
     int64_t keys = m->max_seq_len > m->max_encoder_seq_len ? m->max_seq_len : m->max_encoder_seq_len;
-    /* Known issue, reported (src/backends/reference/reference.c source_for and
-     * src/backends/cpu/cpu_attn.c): an encoder_decoder layer on a batch without encoder tokens
-     * (cross_block_tables == NULL) computes NULL + 0, which UBSan reports. Remove this skip once
-     * the backends guard it. */
-    if (lc->attn_type == PA_ATTN_ENCODER_DECODER && !m->cross_block_tables) return;
     if (T > WORK_BUDGET || H > WORK_BUDGET || keys > WORK_BUDGET || D > WORK_BUDGET ||
         T * H > WORK_BUDGET || T * H * (keys + 1) > WORK_BUDGET || T * H * (keys + 1) * D > WORK_BUDGET)
         return;

@@ -46,10 +46,7 @@ static void key_src_init(key_src *ks, const pa__fwd *f, int32_t s, int32_t kvh)
         ks->vbase = a->cache->value;
         ks->dtype = a->cache->dtype;
         ks->head_off = (int64_t)kvh * a->cache->head_stride;
-        if (type == PA_ATTN_ENCODER_DECODER)
-            ks->table = b->md.cross_block_tables + (int64_t)s * b->md.max_cross_blocks_per_seq;
-        else
-            ks->table = b->md.block_tables + (int64_t)s * b->md.max_blocks_per_seq;
+        ks->table = pa__seq_table(b, type, s);
     }
     ks->esz = pa_dtype_size(ks->dtype);
 }

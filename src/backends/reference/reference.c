@@ -88,10 +88,8 @@ static kv_source source_for(const pa__fwd *f, int32_t seq)
     const pa_layer_config *c = &f->layer->cfg;
     kv_source s = {0};
     if (c->attn_type == PA_ATTN_DECODER || c->attn_type == PA_ATTN_ENCODER_DECODER) {
-        bool cross = c->attn_type == PA_ATTN_ENCODER_DECODER;
         s.cache = f->args->cache;
-        s.table = cross ? m->cross_block_tables + (int64_t)seq * m->max_cross_blocks_per_seq
-                        : m->block_tables + (int64_t)seq * m->max_blocks_per_seq;
+        s.table = pa__seq_table(f->batch, c->attn_type, seq);
         s.dtype = s.cache->dtype;
         s.k_scale = pa__dtype_is_fp8(s.dtype) ? c->k_scale : 1.0;
         s.v_scale = pa__dtype_is_fp8(s.dtype) ? c->v_scale : 1.0;
