@@ -1,14 +1,18 @@
 /*
  * cpu.h: what the files of the cpu backend share (kernel table, thread pool, plan, context).
  *
- * Algorithm (one "item" = one sequence x one KV head x up to CPU_ROWS query rows x one KV
- * chunk): the item's query rows (every query head of the KV head's group, times a tile of
- * tokens) are converted to fp32 and pre-scaled; keys are walked in tiles of CPU_KT: each tile's
- * K and V rows are gathered from the paged cache and converted to fp32 once (so every query
- * head sharing the KV head reuses them: GQA-aware), scores S = Q K^T, soft-cap, ALiBi and the
- * mask are applied, then an online-softmax update and O += P V (FlashAttention-2). Long key
- * ranges are cut into chunks at fixed multiples of the chunk size (a function of the
- * sequence's own lengths only); chunked rows are merged by LSE in chunk order afterwards, so
+ * Algorithm. One "item" = one sequence x one or more KV heads x up to CPU_ROWS query rows x one
+ * KV chunk. The item's query rows (every query head of its KV heads, times a tile of tokens) are
+ * converted to fp32 and pre-scaled; keys are walked in tiles: each tile's K and V rows are read
+ * once per KV head and serve every query head that shares it (GQA-aware); scores S = Q K^T,
+ * soft-cap, ALiBi and the mask, an online-softmax update, O += P V (FlashAttention-2).
+ *  - Prefill tiles (16 tokens x 4 heads, say) convert K (transposed) and V into fp32 scratch once
+ *    and run register-blocked outer-product kernels over it.
+ *  - Decode tiles (one token: a few rows per KV head) take all KV heads of the sequence in one
+ *    item, so each cache block is read front to back across its heads, and read K and V straight
+ *    from the cache, converting in registers.
+ * Long key ranges are cut into chunks at fixed multiples of a chunk size that depends only on the
+ * sequence's own query length; chunked rows are merged by LSE in chunk order afterwards, so
  * results are bitwise identical for any thread count and any batch around the sequence.
  */
 #ifndef PAGEDATTN_CPU_H

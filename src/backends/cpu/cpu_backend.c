@@ -74,7 +74,9 @@ static const char *cpu_info(void)
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_ISA");
-    pa__cpu_isa best = best_isa(&f);
+    pa__cpu_isa best = best_isa(&f), chosen;
+    pa_status st = choose_isa(&chosen);
+    pa__clear_error();
     snprintf(buf, sizeof buf,
              "isa: %s (%s)\n"
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
@@ -82,12 +84,15 @@ static const char *cpu_info(void)
              "avx512 path: %s\n"
              "threads: %d online cores\n",
              env && *env ? env : pa__cpu_isa_name(best),
-             env && *env ? "forced by PAGEDATTN_CPU_ISA" : "best this machine runs",
+             !(env && *env) ? "best this machine runs"
+             : st == PA_STATUS_OK ? "forced by PAGEDATTN_CPU_ISA"
+                                  : "PAGEDATTN_CPU_ISA asks for it, but it cannot run here: contexts fail",
              f.avx2, f.fma, f.f16c, f.os_ymm, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16,
              f.os_zmm,
 #ifdef PAGEDATTN_HAVE_AVX512
-             pa__cpu_isa_usable(PA__ISA_AVX512, &f) ? "built, runs here"
-                                                    : "built, cannot run on this CPU",
+             pa__cpu_isa_usable(PA__ISA_AVX512, &f)
+                 ? "built, runs here (checked on the grid under emulation only)"
+                 : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",
 #endif
