@@ -9,14 +9,11 @@
 static void cpu_features(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    static const char *const feats[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f",
-                                        "avx512bw", "avx512vl", "avx512bf16", "avx512fp16"};
     printf("cpu features:");
     __builtin_cpu_init();
 #define F(name) if (__builtin_cpu_supports(name)) printf(" %s", name);
     F("sse4.2") F("avx") F("avx2") F("fma") F("avx512f") F("avx512bw") F("avx512vl")
 #undef F
-    (void)feats;
     printf("\n");
 #else
     printf("cpu features: (not x86)\n");
