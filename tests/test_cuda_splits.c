@@ -179,15 +179,17 @@ int main(void)
     double max_err = 0, max_lse = 0;
     for (int64_t i = 0; i < got.ntok * H * D; i++) {
         double a = pa_bf16_to_f32(got.out[i]), b = pa_bf16_to_f32(ref.out[i]);
-        double e = fabs(a - b) / (fabs(b) + 1e-3);
+        /* one bf16 ulp of the output, plus probabilities rounded to bf16 before P*V (allowed by
+         * the contract; the tensor-core path does it) times |V| <= 1 */
+        double e = fabs(a - b) / (1.0 / 256 + fabs(b) / 128);
         if (!(e <= max_err)) max_err = e;
     }
     for (int64_t i = 0; i < got.ntok * H; i++) {
         double e = fabs((double)got.lse[i] - ref.lse[i]);
         if (!(e <= max_lse)) max_lse = e;
     }
-    printf("splits vs reference: max rel err %.3g (bf16 out), max lse err %.3g\n", max_err, max_lse);
-    CHECK(max_err <= 2.0 / 128); /* within one bf16 ulp either way, plus fp32 accumulation */
+    printf("splits vs reference: max err %.3g of the tolerance, max lse err %.3g\n", max_err, max_lse);
+    CHECK(max_err <= 1.0);
     CHECK(max_lse <= 1e-4);
 
     /* determinism: sequence 0 alone and at another position */

@@ -32,6 +32,8 @@
 #include "cuda_common.cuh"
 
 #include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -367,6 +369,252 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa
         P.lse[token * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : M + logf(L);
 }
 
+/* ---- tensor-core tiles (opt-in: PAGEDATTN_CUDA_MMA=1) ----------------------------------------
+ * FlashAttention-2 style with mma.sync m16n8k16 (f16 or bf16 in, f32 accumulate), for
+ * sequences with query_len > 16, head sizes 64 and 128, q and cache both f16 or both bf16.
+ * 4 warps x 16 rows; keys in chunks of 32 (same alignment as the SIMT kernel) staged in shared
+ * memory as 16-bit; S = Q K^T and O += P V on the tensor cores, P rounded to the 16-bit dtype
+ * (the contract allows it); masks, soft-cap, ALiBi and sinks elementwise on the S fragments.
+ * Fragment layouts (PTX ISA, m16n8k16): g = lane / 4, t = lane % 4;
+ *   A (16x16, row): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+ *   B (16x8, col):  b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+ *   C (16x8):       c0,c1 = C[g][2t, 2t+1], c2,c3 = C[g+8][2t, 2t+1] */
+
+__device__ __forceinline__ uint32_t pack16(uint16_t lo, uint16_t hi)
+{
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_16(float x, bool bf16)
+{
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
+}
+
+#ifdef PA_CU_EMULATE
+/* The emulator computes the warp's product from every lane's fragments (layouts above). */
+__device__ inline float val16(uint32_t w, int half, bool bf16)
+{
+    const uint16_t b = (uint16_t)(half ? w >> 16 : w & 0xffffu);
+    return bf16 ? __uint_as_float((uint32_t)b << 16) : __half2float(__ushort_as_half(b));
+}
+__device__ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16)
+{
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]}, all[32 * 6];
+    pa_emu::warp_gather(mine, 6, all);
+    const int lane = (int)(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        float acc = 0.f;
+        for (int k = 0; k < 16; k++) {
+            const int areg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+            const int alane = (row & 7) * 4 + ((k & 7) >> 1);
+            const int blane = col * 4 + ((k & 7) >> 1);
+            const int breg = k >= 8 ? 1 : 0;
+            acc += val16(all[alane * 6 + areg], k & 1, bf16) * val16(all[blane * 6 + 4 + breg], k & 1, bf16);
+        }
+        c[e] += acc;
+    }
+}
+#else
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16)
+{
+    if (bf16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+template <int D>
+__global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
+{
+    constexpr int KS = D + 8; /* shared row stride in 16-bit elements (bank spread) */
+    PA_CU_STATIC_SMEM __align__(16) uint16_t Ksh[PA_CU_KCHUNK * KS];
+    PA_CU_STATIC_SMEM __align__(16) uint16_t Vsh[PA_CU_KCHUNK * KS];
+    const bool bf16 = P.cache_dtype == PA_DTYPE_BF16;
+    const pa_cu_item it = P.items[blockIdx.x];
+    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
+    const int64_t row_begin = it.row0, row_end = min(row_begin + PA_CU_MMA_ROWS, nrows);
+    const int64_t c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+
+    int64_t lo_a, hi_a, lo_b, hi_b;
+    key_range(P, c + row_begin / G, kv_len, &lo_a, &hi_a);
+    key_range(P, c + (row_end - 1) / G, kv_len, &lo_b, &hi_b);
+    const int64_t kbeg = lo_a, kend = hi_b;
+
+    /* this thread's two rows: r[0] = 16 * warp + g, r[1] = r[0] + 8 */
+    bool rv[2];
+    int64_t rp[2], rlo[2], rhi[2], rtok[2];
+    int rh[2];
+    for (int i = 0; i < 2; i++) {
+        const int64_t row = row_begin + 16 * warp + g + 8 * i;
+        rv[i] = row < row_end;
+        rtok[i] = rv[i] ? row / G : 0;
+        rh[i] = hk * G + (rv[i] ? (int)(row - rtok[i] * G) : 0);
+        rp[i] = c + rtok[i];
+        key_range(P, rp[i], kv_len, &rlo[i], &rhi[i]);
+        if (!rv[i]) rhi[i] = rlo[i]; /* sees nothing */
+    }
+    /* Q fragments, straight from global memory (16-bit, same dtype as the cache) */
+    uint32_t qa[D / 16][4];
+    const uint16_t *qb = (const uint16_t *)P.q;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int i = r & 1, col = ks * 16 + 2 * t4 + (r >= 2 ? 8 : 0);
+            uint32_t w = 0;
+            if (rv[i]) {
+                const int64_t off = (q0 + rtok[i]) * P.q_rs + (int64_t)rh[i] * D + col;
+                w = pack16(qb[off], qb[off + 1]);
+            }
+            qa[ks][r] = w;
+        }
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+    const int64_t chunk0 = kbeg < kend ? (kbeg / PA_CU_KCHUNK) * PA_CU_KCHUNK : kend;
+
+    for (int64_t kb = chunk0; kb < kend; kb += PA_CU_KCHUNK) {
+        const int nk = (int)min((int64_t)PA_CU_KCHUNK, kend - kb);
+        __syncthreads();
+        for (int e = tid; e < PA_CU_KCHUNK * (D / 2); e += blockDim.x) {
+            const int k = e / (D / 2), d = (e - k * (D / 2)) * 2;
+            uint16_t k0 = 0, k1 = 0, v0 = 0, v1 = 0;
+            if (k < nk) {
+                const int64_t j = kb + k;
+                const int64_t blk = P.tables[(int64_t)s * P.table_stride + j / P.c_bs];
+                const int64_t off = blk * P.c_block + (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
+                k0 = kc[off], k1 = kc[off + 1], v0 = vc[off], v1 = vc[off + 1];
+            }
+            Ksh[k * KS + d] = k0, Ksh[k * KS + d + 1] = k1;
+            Vsh[k * KS + d] = v0, Vsh[k * KS + d + 1] = v1;
+        }
+        __syncthreads();
+
+        /* S = Q K^T: 4 tiles of 8 keys */
+        float sc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+            const uint16_t *krow = Ksh + (nt * 8 + g) * KS;
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                const int d = ks * 16 + 2 * t4;
+                const uint32_t b[2] = {pack16(krow[d], krow[d + 1]), pack16(krow[d + 8], krow[d + 9])};
+                mma16816(sc[nt], qa[ks], b, bf16);
+            }
+        }
+        /* scores -> probabilities, online softmax per row (a row lives in a quad of lanes) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                const int64_t j = kb + nt * 8 + 2 * t4 + (e & 1);
+                const bool vis = j - kb < nk && j >= rlo[i] && j < rhi[i] &&
+                                 blocksparse_visible(P, rh[i], rp[i], j);
+                float x = -INFINITY;
+                if (vis) {
+                    x = sc[nt][e] * P.scale;
+                    if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
+                    if (P.has_alibi) {
+                        const int64_t dist = j > rp[i] ? j - rp[i] : rp[i] - j;
+                        x -= P.alibi[rh[i]] * (float)dist;
+                    }
+                }
+                sc[nt][e] = x;
+                mx[i] = fmaxf(mx[i], x);
+            }
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);
+            alpha[i] = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
+            m[i] = m_new;
+        }
+        float rs[2] = {0.f, 0.f};
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            uint16_t p16[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                const float pr = sc[nt][e] == -INFINITY ? 0.f : expf(sc[nt][e] - m[i]);
+                rs[i] += pr;
+                p16[e] = f32_to_16(pr, bf16);
+            }
+            /* C layout of key tile nt -> A layout of key step nt / 2 */
+            const int ks = nt >> 1, hi = nt & 1;
+            pa[ks][hi * 2 + 0] = pack16(p16[0], p16[1]);
+            pa[ks][hi * 2 + 1] = pack16(p16[2], p16[3]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 1);
+            rs[i] += __shfl_xor_sync(0xffffffffu, rs[i], 2);
+            l[i] = l[i] * alpha[i] + rs[i];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        }
+        /* O += P V: B[k = key][n = dim] */
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int d = n * 8 + g;
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                const int k0 = ks * 16 + 2 * t4;
+                const uint32_t b[2] = {pack16(Vsh[k0 * KS + d], Vsh[(k0 + 1) * KS + d]),
+                                       pack16(Vsh[(k0 + 8) * KS + d], Vsh[(k0 + 9) * KS + d])};
+                mma16816(o[n], pa[ks], b, bf16);
+            }
+        }
+    }
+
+    /* finish each row: sinks once, normalize, store */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mm = m[i], ll = l[i], a = 1.f;
+        if (P.has_sinks) {
+            const float sink = P.sinks[rh[i]];
+            const float M2 = fmaxf(mm, sink);
+            a = mm == -INFINITY ? 0.f : expf(mm - M2);
+            ll = ll * a + expf(sink - M2);
+            mm = M2;
+        }
+        const float inv = ll > 0.f ? a / ll : 0.f;
+        if (!rv[i]) continue;
+        const int64_t base = (q0 + rtok[i]) * P.out_rs + (int64_t)rh[i] * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int d = n * 8 + 2 * t4;
+            pa_cu_store(P.out_dtype, P.out, base + d, o[n][2 * i] * inv);
+            pa_cu_store(P.out_dtype, P.out, base + d + 1, o[n][2 * i + 1] * inv);
+        }
+        if (P.lse && t4 == 0)
+            P.lse[(q0 + rtok[i]) * P.lse_ts + (int64_t)rh[i] * P.lse_hs] =
+                ll > 0.f ? mm + logf(ll) : -INFINITY;
+    }
+}
+
 typedef void (*attn_fn)(const pa_cu_attn_params);
 
 /* Head-size buckets: registers per lane = ceil(head_size / 32) rounded up to one of these. */
@@ -405,13 +653,28 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
 {
     const bucket *b = find_bucket(p->head_size);
     if (!b) return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: head_size %d > 512", p->head_size);
-    if (plan->num_items > 0) {
-        if (plan->num_items > INT32_MAX)
-            return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: %lld work items exceed one grid",
-                            (long long)plan->num_items);
-        dim3 grid((unsigned)plan->num_items, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH(b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, *p);
+    const bool mma = plan->mma_ok && p->q_dtype == p->cache_dtype &&
+                     (p->cache_dtype == PA_DTYPE_F16 || p->cache_dtype == PA_DTYPE_BF16);
+    const int64_t n_simt = mma ? plan->num_small : plan->num_items;
+    if (n_simt > INT32_MAX || plan->num_mitems > INT32_MAX)
+        return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: %lld work items exceed one grid",
+                        (long long)n_simt);
+    if (n_simt > 0) {
+        pa_cu_attn_params ps = *p;
+        ps.items = mma ? plan->small_items : plan->items;
+        dim3 grid((unsigned)n_simt, (unsigned)p->num_kv_heads);
+        PA_CU_LAUNCH(b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
         PA_CU_CHECK_LAUNCH("attention kernel");
+    }
+    if (mma && plan->num_mitems > 0) {
+        pa_cu_attn_params pm = *p;
+        pm.items = plan->mitems;
+        dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
+        if (p->head_size == 64)
+            PA_CU_LAUNCH(attn_mma_kernel<64>, grid, 128, 0, ctx->stream, pm);
+        else
+            PA_CU_LAUNCH(attn_mma_kernel<128>, grid, 128, 0, ctx->stream, pm);
+        PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }
     if (plan->num_comb > 0) {
         dim3 grid((unsigned)plan->num_comb, (unsigned)p->num_heads);

@@ -21,6 +21,7 @@
 #  define PA_CU_LAUNCH(kernel, grid, block, smem, stream, ...) \
       kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #  define PA_CU_DYN_SMEM(type, name) extern __shared__ type name[]
+#  define PA_CU_STATIC_SMEM __shared__
 #endif
 
 /* ---- errors ------------------------------------------------------------------------------- */
@@ -125,6 +126,7 @@ typedef struct pa_cu_ctx {
     size_t scratch_dev_cap;
     void *scratch_host;
     size_t scratch_host_cap;
+    bool use_mma; /* PAGEDATTN_CUDA_MMA=1 at context creation: tensor-core prefill tiles */
 } pa_cu_ctx;
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
@@ -156,8 +158,13 @@ typedef struct pa_cu_plan {
     const int64_t *slots; /* [num_slots] write slots (decoder: per token; enc-dec: per encoder
                              token), or NULL */
     int64_t num_slots;
-    const pa_cu_item *items;
+    const pa_cu_item *items; /* every sequence, SIMT tiles */
     int64_t num_items;
+    /* mma_ok: the same work as SIMT tiles of the short-query sequences (small_items) plus
+     * tensor-core tiles of PA_CU_MMA_ROWS rows of the others (mitems) */
+    bool mma_ok;
+    const pa_cu_item *small_items, *mitems;
+    int64_t num_small, num_mitems;
     const pa_cu_comb *comb;
     int64_t num_comb;
     float *ws; /* partial results: acc [parts * head_size] then (m, l) [parts * 2] */
@@ -171,6 +178,7 @@ typedef struct pa_cu_plan {
 #define PA_CU_ROWS_PER_WARP 2
 #define PA_CU_TILE_ROWS (PA_CU_WARPS * PA_CU_ROWS_PER_WARP)
 #define PA_CU_KCHUNK 32
+#define PA_CU_MMA_ROWS 64 /* tensor-core tile: 4 warps x 16 rows */
 #define PA_CU_MAXH 256 /* heads with per-head data (ALiBi, sinks, block-sparse) */
 /* Split rule for decode-like sequences (query_len <= PA_CU_SPLIT_MAX_Q): keys are split into
  * pieces of PA_CU_SPLIT_KEYS (at most PA_CU_MAX_SPLITS pieces, longer pieces beyond), a

@@ -47,8 +47,8 @@ static void make_info(void)
     int len = snprintf(g_info, sizeof g_info,
                        "cuda: UNVERIFIED ON HARDWARE (written and compiled without a GPU; run "
                        "src/backends/cuda/devcheck.sh on one)\n"
-                       "cuda: runtime %d.%d, driver %d.%d, kernels for sm_80 and sm_90, simple "
-                       "SIMT fp32 kernels (no tensor cores yet)\n",
+                       "cuda: runtime %d.%d, driver %d.%d, kernels for sm_80 and sm_90, SIMT fp32 "
+                       "kernels; tensor-core prefill tiles opt-in with PAGEDATTN_CUDA_MMA=1\n",
                        rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
@@ -124,6 +124,10 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
     ctx->device = dev;
     ctx->sm_count = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    {
+        const char *e = getenv("PAGEDATTN_CUDA_MMA");
+        ctx->use_mma = e && e[0] == '1';
+    }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
         ctx->own_stream = false;
@@ -268,7 +272,11 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     if (!tables) table_stride = 0;
     if (!slots) num_slots = 0;
 
-    int64_t num_items = 0, num_comb = 0, num_parts = 0;
+    int64_t num_items = 0, num_comb = 0, num_parts = 0, num_small = 0, num_mitems = 0;
+    /* Tensor-core tiles (opt-in, PAGEDATTN_CUDA_MMA=1) for sequences with query_len > 16, when
+     * the head size has a kernel; the forward uses them only for 16-bit q and cache dtypes. */
+    const bool mma_ok = ctx->use_mma && (D == 64 || D == 128) &&
+                        (type == PA_ATTN_DECODER || type == PA_ATTN_ENCODER_DECODER);
     int32_t *nsplit = (int32_t *)pa__calloc((size_t)S * 2, sizeof(int32_t));
     int64_t *kvl = (int64_t *)pa__calloc((size_t)S, sizeof(int64_t));
     if (!nsplit || !kvl) {
@@ -283,6 +291,12 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
         split_rule(q, kvl[s], &nsplit[s], &split_len[s]);
         const int64_t tiles = (q * G + PA_CU_TILE_ROWS - 1) / PA_CU_TILE_ROWS;
         num_items += tiles * nsplit[s];
+        if (mma_ok) {
+            if (q > PA_CU_SPLIT_MAX_Q)
+                num_mitems += (q * G + PA_CU_MMA_ROWS - 1) / PA_CU_MMA_ROWS;
+            else
+                num_small += tiles * nsplit[s];
+        }
         if (nsplit[s] > 1) {
             num_comb += q;
             num_parts += q * H * nsplit[s];
@@ -298,7 +312,8 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     const size_t o_pb = off; off = align16(off + (size_t)S * 8);
     const size_t o_tab = off; off = align16(off + (size_t)S * (size_t)table_stride * 4);
     const size_t o_slots = off; off = align16(off + (size_t)num_slots * 8);
-    const size_t o_items = off; off = align16(off + (size_t)num_items * sizeof(pa_cu_item));
+    const size_t o_items = off;
+    off = align16(off + (size_t)(num_items + num_small + num_mitems) * sizeof(pa_cu_item));
     const size_t o_comb = off; off = align16(off + (size_t)num_comb * sizeof(pa_cu_comb));
     const size_t total = off;
 
@@ -345,6 +360,33 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
                 nc++;
             }
     }
+    if (mma_ok) {
+        /* after the full SIMT list: the SIMT items of short-query sequences, then the tensor-core
+         * tiles of the others */
+        for (int32_t s = 0; s < S; s++) {
+            const int64_t q = md->query_lens[s];
+            if (q > PA_CU_SPLIT_MAX_Q) continue;
+            for (int64_t r = 0; r < q * G; r += PA_CU_TILE_ROWS)
+                for (int32_t sp = 0; sp < nsplit[s]; sp++) {
+                    items[ni].seq = s;
+                    items[ni].row0 = (int32_t)r;
+                    items[ni].split = sp;
+                    items[ni].pad_ = 0;
+                    ni++;
+                }
+        }
+        for (int32_t s = 0; s < S; s++) {
+            const int64_t q = md->query_lens[s];
+            if (q <= PA_CU_SPLIT_MAX_Q) continue;
+            for (int64_t r = 0; r < q * G; r += PA_CU_MMA_ROWS) {
+                items[ni].seq = s;
+                items[ni].row0 = (int32_t)r;
+                items[ni].split = 0;
+                items[ni].pad_ = 0;
+                ni++;
+            }
+        }
+    }
     /* partial row of (token t, head h, split) = part_base[s] + (t * H + h) * nsplit + split */
     const int64_t parts_total = num_parts;
     pa__free(nsplit);
@@ -359,6 +401,9 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     p->type = type;
     p->num_seqs = S;
     p->num_items = num_items;
+    p->num_small = num_small;
+    p->num_mitems = num_mitems;
+    p->mma_ok = mma_ok;
     p->num_comb = num_comb;
     p->num_parts = parts_total;
     p->num_slots = num_slots;
@@ -389,6 +434,8 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     p->tables = table_stride ? (const int32_t *)(d + o_tab) : NULL;
     p->slots = num_slots ? (const int64_t *)(d + o_slots) : NULL;
     p->items = (const pa_cu_item *)(d + o_items);
+    p->small_items = p->items + num_items;
+    p->mitems = p->items + num_items + num_small;
     p->comb = (const pa_cu_comb *)(d + o_comb);
     *out = p;
     return PA_STATUS_OK;

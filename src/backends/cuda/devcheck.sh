@@ -51,6 +51,9 @@ step ops 60 "$T/test_cuda_ops"
 step splits 60 "$T/test_cuda_splits"
 # The grid: the whole of it (every feature and dtype) against the reference.
 step grid 150 "$T/test_cuda_grid"
+# The opt-in tensor-core prefill tiles (16-bit q == cache dtype, head size 64/128, query > 16).
+PAGEDATTN_CUDA_MMA=1 step grid_mma 150 "$T/test_cuda_grid"
+PAGEDATTN_CUDA_MMA=1 step splits_mma 60 "$T/test_cuda_splits"
 # Grid under the other backends too, as a baseline that the harness itself is sound here.
 step grid_reference 60 "$T/test_grid_reference" || true
 
@@ -73,6 +76,7 @@ gcc -std=c11 -O2 -Iinclude -I"$(dirname "$(command -v nvcc)")/../include" src/ba
     "$BUILD/libpagedattn.a" "$CUDA_LIB/libcudart_static.a" -ldl -lrt -lpthread -lm -o "$BUILD/cuda_bench" \
     >"$LOGS/cuda_bench_build.log" 2>&1 || echo "cuda_bench did not build (see $LOGS/cuda_bench_build.log)"
 [ -x "$BUILD/cuda_bench" ] && step cuda_bench 90 "$BUILD/cuda_bench"
+[ -x "$BUILD/cuda_bench" ] && PAGEDATTN_CUDA_MMA=1 step cuda_bench_mma 90 "$BUILD/cuda_bench"
 cat >"$BUILD/sdpa.py" <<'PY'
 import torch, torch.nn.functional as F
 S, H, HKV, D = 4096, 32, 8, 128

@@ -77,6 +77,19 @@ float shfl(float v, int arg, bool is_xor)
     return r;
 }
 
+void warp_gather(const uint32_t *mine, int n, uint32_t *all)
+{
+    static std::vector<uint32_t> slots;
+    const int w = cur / 32, lane = cur % 32, warps = (nthreads + 31) / 32;
+    if (slots.size() < (size_t)warps * 32 * 16) slots.resize((size_t)warps * 32 * 16);
+    if (n > 16) abort();
+    for (int i = 0; i < n; i++) slots[((size_t)w * 32 + (size_t)lane) * 16 + (size_t)i] = mine[i];
+    wait(warp_bars[(size_t)w], 32);
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < n; i++) all[l * n + i] = slots[((size_t)w * 32 + (size_t)l) * 16 + (size_t)i];
+    wait(warp_bars[(size_t)w], 32);
+}
+
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body)
 {
     nthreads = (int)(block.x * block.y * block.z);

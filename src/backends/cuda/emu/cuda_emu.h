@@ -26,6 +26,7 @@ struct state {
 extern state g;
 void syncthreads();
 float shfl(float v, int src_lane_or_xor, bool is_xor);
+void warp_gather(const uint32_t *mine, int n, uint32_t *all);
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
 } // namespace pa_emu
 
@@ -57,6 +58,8 @@ static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 #define PA_CU_LAUNCH(kernel, grid, block, smem, stream, ...) \
     pa_emu::launch(dim3(grid), dim3(block), (smem), [=]() { kernel(__VA_ARGS__); })
+/* blocks run one after another: static storage is one block's shared memory */
+#define PA_CU_STATIC_SMEM static
 #define PA_CU_DYN_SMEM(type, name) type *name = (type *)pa_emu::g.dyn_smem
 
 #endif
