@@ -283,8 +283,9 @@ PA_API pa_status pa_cache_init(pa_cache *cache, pa_cache_layout layout, pa_dtype
                                int32_t head_size);
 /* Elements one pool spans: the largest addressed element + 1. */
 PA_API int64_t pa_cache_pool_elems(const pa_cache *cache);
-/* Allocates both pools in host memory (64-byte aligned) for the geometry in *cache, filled with
- * zero bytes. Free with pa_cache_free. */
+/* Allocates both pools in host memory for the geometry in *cache, filled with zero bytes: 64-byte
+ * aligned, and pools of 4 MiB or more 2 MiB aligned and advised for transparent huge pages. Free
+ * with pa_cache_free. */
 PA_API pa_status pa_cache_alloc(pa_cache *cache);
 /* Frees pools from pa_cache_alloc and sets key/value to NULL. NULL or unallocated: no-op. */
 PA_API void pa_cache_free(pa_cache *cache);

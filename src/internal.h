@@ -39,6 +39,9 @@ void pa__clear_error(void);
 /* ---- allocation (all library memory goes through these) --------------------------------- */
 
 void *pa__alloc(size_t size);                     /* 64-byte aligned, uninitialized */
+/* Zeroed memory for a large pool: 2 MiB aligned and advised for transparent huge pages when at
+ * least 4 MiB (fewer TLB misses when a kernel walks paged blocks), else as pa__calloc. */
+void *pa__alloc_pool(size_t size);
 void *pa__calloc(size_t count, size_t size);      /* 64-byte aligned, zeroed, overflow-checked */
 void pa__free(void *ptr);
 /* a * b and a + b into *out, false on int64 overflow or negative operands. */

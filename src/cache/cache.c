@@ -112,7 +112,7 @@ pa_status pa_cache_alloc(pa_cache *c)
         !pa__dtype_valid(c->dtype) || n < 0)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_alloc: invalid cache geometry");
     size_t bytes = (size_t)n * pa_dtype_size(c->dtype);
-    void *k = pa__calloc(1, bytes), *v = pa__calloc(1, bytes);
+    void *k = pa__alloc_pool(bytes), *v = pa__alloc_pool(bytes);
     if (!k || !v) {
         pa__free(k);
         pa__free(v);

@@ -3,6 +3,9 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define PA__ALIGN 64
 
@@ -38,6 +41,20 @@ void *pa__calloc(size_t count, size_t size)
     if (size != 0 && count > SIZE_MAX / size) return NULL;
     void *p = pa__alloc(count * size);
     if (p) memset(p, 0, count * size);
+    return p;
+}
+
+void *pa__alloc_pool(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (size < 2 * huge) return pa__calloc(1, size);
+    size_t rounded = (size + huge - 1) / huge * huge;
+    void *p = pa__allocator.alloc(pa__allocator.user, rounded, huge);
+    if (!p) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, rounded, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+    memset(p, 0, size);
     return p;
 }
 
