@@ -8,6 +8,16 @@
  * the denominator once, as the initial state of an unchunked row or in the merge. */
 #include "cpu.h"
 
+/* Decode (direct) tiles: keys per tile, and the prefetch of the next kernel call's rows
+ * (1; 0 none; 2 the whole next tile at once, as before). Overridable for experiments. */
+#ifndef CPU_DECODE_KT
+#  define CPU_DECODE_KT 32
+#endif
+#ifndef CPU_DECODE_PF
+#  define CPU_DECODE_PF 1
+#endif
+_Static_assert(CPU_DECODE_KT >= 16 && CPU_DECODE_KT <= CPU_KT, "decode tile");
+
 typedef struct {
     pa__cpu_ctx *c;
     const pa__fwd *f;
@@ -85,6 +95,36 @@ static void prefetch_keys(const key_src *ks, int64_t a, int n, int64_t row_bytes
             __builtin_prefetch(vp + b, 0, 2);
         }
     }
+}
+
+/* K and V rows of keys [a, a + n): one division per call, then a walk through the blocks. */
+static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows, const void **vrows)
+{
+    if (!ks->cache) {
+        key_rows(ks, false, a, n, krows);
+        key_rows(ks, true, a, n, vrows);
+        return;
+    }
+    const pa_cache *c = ks->cache;
+    const int64_t bs = c->block_size, ts = c->token_stride * (int64_t)ks->esz;
+    int64_t b = a / bs, t = a % bs;
+    for (int i = 0; i < n; b++, t = 0) {
+        int64_t off = ((int64_t)ks->table[b] * c->block_stride + t * c->token_stride + ks->head_off) *
+                      (int64_t)ks->esz;
+        const char *kp = ks->kbase + off, *vp = ks->vbase + off;
+        for (; t < bs && i < n; t++, i++, kp += ts, vp += ts) {
+            krows[i] = kp;
+            vrows[i] = vp;
+        }
+    }
+}
+
+/* Asks for rows that the next kernel call will read (one KV head's K or V rows of a tile, ~8
+ * KiB): issued one call ahead, so they arrive while the current call computes. */
+static void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
+{
+    for (int i = 0; i < n; i++)
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *)rows[i] + b, 0, 3);
 }
 
 /* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
@@ -177,7 +217,7 @@ static void run_item(void *arg, int64_t index, int thread)
     pa__cpu_scratch *sc = &J->c->scratch[thread];
     const int32_t d = cfg->head_size, dp = J->p->dp;
     const int nrk = it->nh * it->nt, nr = nrk * it->nkv; /* rows per KV head, in all */
-    const int kt = CPU_KROWS / it->nkv < CPU_KT ? CPU_KROWS / it->nkv : CPU_KT;
+    int kt = CPU_KROWS / it->nkv < CPU_KT ? CPU_KROWS / it->nkv : CPU_KT;
     const int64_t qs = b->md.query_start_loc[it->seq];
     const int64_t ctxl = b->md.context_lens[it->seq];
     const int64_t kvlen = pa__kv_len(b, cfg->attn_type, it->seq);
@@ -221,6 +261,11 @@ static void run_item(void *arg, int64_t index, int thread)
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
          * nothing to amortize a converted copy over */
         const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= 8;
+        /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32 measured better
+         * than 64: one KV head's rows of a tile, prefetched one kernel call ahead, are ~8 KiB) */
+        const int dpf = CPU_DECODE_PF;
+        if (direct) kt = CPU_DECODE_KT;
+        const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT], *nkr[CPU_KT], *nvr[CPU_KT];
         /* long tiles (prefill) transpose K once and take outer products; needs the tile's
          * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
         const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
@@ -246,21 +291,24 @@ static void run_item(void *arg, int64_t index, int thread)
             }
             if (!any) continue;
 
-            if (e < uhi) {
-                int64_t ne = e + kt < uhi ? e + kt : uhi;
+            int64_t ne = e + kt < uhi ? e + kt : uhi;
+            if (e < uhi && (!direct || dpf == 2))
                 for (int k = 0; k < it->nkv; k++) prefetch_keys(&ks[k], e, (int)(ne - e), row_bytes);
-            }
+            if (direct)
+                for (int k = 0; k < it->nkv; k++) key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
             /* K of every KV head (head after head: whole blocks front to back in HND), scores */
             for (int k = 0; k < it->nkv; k++) {
                 float *kk = sc->k + (size_t)k * kt * dp;
                 float *sk = sc->s + (size_t)k * nrk * CPU_KT;
-                key_rows(&ks[k], false, a, nc, sc->rows);
                 if (direct) {
-                    K->qk_src(ks[k].dtype, sc->rows, nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
+                    if (dpf == 1) prefetch_rows(k + 1 < it->nkv ? kr[k + 1] : vr[0], nc, row_bytes);
+                    K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
                 } else if (transposed) {
+                    key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows_t(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
                 } else {
+                    key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
                 }
@@ -296,11 +344,18 @@ static void run_item(void *arg, int64_t index, int thread)
                     cm = sc->colmask;
                 }
                 float *vv = sc->v + (size_t)k * kt * dp;
-                key_rows(&ks[k], true, a, nc, sc->rows);
                 if (direct) {
-                    K->pv_src(ks[k].dtype, sc->rows, nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
+                    if (dpf == 1) {
+                        if (k + 1 < it->nkv) prefetch_rows(vr[k + 1], nc, row_bytes);
+                        else if (e < uhi) {
+                            key_rows_kv(&ks[0], e, (int)(ne - e), nkr, nvr);
+                            prefetch_rows(nkr, (int)(ne - e), row_bytes);
+                        }
+                    }
+                    K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
                               sc->o + (size_t)k * nrk * dp);
                 } else {
+                    key_rows(&ks[k], true, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
                     K->pv(pk, CPU_KT, nrk, vv, nc, dp, sc->alpha + k * nrk, cm, sc->o + (size_t)k * nrk * dp);
                 }

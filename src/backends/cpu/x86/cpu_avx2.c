@@ -596,15 +596,191 @@ static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const
     }
 }
 
+/* ---- decode, 4 query rows of one KV head at a time ---------------------------------------------
+ * (GQA 4 is one group; GQA 8 two.) QK: 2 keys x 4 rows = 8 dot-product accumulators over 16-dim
+ * steps, each K chunk converted once for the 4 rows; one reduction tree per 2 keys, stored as 4
+ * pairs. PV: the dims are the outer loop (24 at a time: 4 rows x 3 vectors = 12 accumulators kept
+ * in registers over the whole tile), each V chunk converted once per key, the probabilities
+ * pre-broadcast once per tile and read as memory operands; masked keys are dropped from the key
+ * list before the loop, so they are never multiplied in. E4M3 is converted without its 2^8
+ * factor (an exact power of two), applied once to the scores and to the PV accumulators. */
+
+/* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
+static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
+{
+    if (dt == PA_DTYPE_FP8_E4M3)
+        return _mm256_cvtph_ps(e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p))));
+    return cvt8(dt, p);
+}
+
+/* 16 elements of dt as f32 (E4M3: 2^-8 times), 8-bit types with 256-bit integer steps. */
+static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char *p, __m256 *x0, __m256 *x1)
+{
+    if (dt == PA_DTYPE_FP8_E4M3) {
+        __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+        __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbfff));
+        __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                         _mm256_set1_epi16(0x3f80));
+        h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+        *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    } else if (dt == PA_DTYPE_FP8_E5M2) {
+        __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
+        *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    } else {
+        const size_t es = dt == PA_DTYPE_F32 ? 4 : 2;
+        *x0 = cvt8(dt, p);
+        *x1 = cvt8(dt, p + 8 * es);
+    }
+}
+
+static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const void *const *krows, int nc,
+                                                           const float *q, int dp, float *s, int lds)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    const float *q0 = q, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
+    const __m256 sc = _mm256_set1_ps(256.0f);
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) {
+        const char *k0 = krows[c], *k1 = krows[c + 1];
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        for (int j = 0; j < dp; j += 16) {
+            __m256 x0, y0, x1, y1, w;
+            cvt16r(dt, k0 + j * es, &x0, &y0);
+            cvt16r(dt, k1 + j * es, &x1, &y1);
+            w = _mm256_load_ps(q0 + j);
+            a00 = _mm256_fmadd_ps(w, x0, a00);
+            a01 = _mm256_fmadd_ps(w, x1, a01);
+            w = _mm256_load_ps(q1 + j);
+            a10 = _mm256_fmadd_ps(w, x0, a10);
+            a11 = _mm256_fmadd_ps(w, x1, a11);
+            w = _mm256_load_ps(q2 + j);
+            a20 = _mm256_fmadd_ps(w, x0, a20);
+            a21 = _mm256_fmadd_ps(w, x1, a21);
+            w = _mm256_load_ps(q3 + j);
+            a30 = _mm256_fmadd_ps(w, x0, a30);
+            a31 = _mm256_fmadd_ps(w, x1, a31);
+            w = _mm256_load_ps(q0 + j + 8);
+            a00 = _mm256_fmadd_ps(w, y0, a00);
+            a01 = _mm256_fmadd_ps(w, y1, a01);
+            w = _mm256_load_ps(q1 + j + 8);
+            a10 = _mm256_fmadd_ps(w, y0, a10);
+            a11 = _mm256_fmadd_ps(w, y1, a11);
+            w = _mm256_load_ps(q2 + j + 8);
+            a20 = _mm256_fmadd_ps(w, y0, a20);
+            a21 = _mm256_fmadd_ps(w, y1, a21);
+            w = _mm256_load_ps(q3 + j + 8);
+            a30 = _mm256_fmadd_ps(w, y0, a30);
+            a31 = _mm256_fmadd_ps(w, y1, a31);
+        }
+        __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
+        if (dt == PA_DTYPE_FP8_E4M3) t = _mm256_mul_ps(t, sc);
+        __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
+        _mm_storel_pi((__m64 *)(s + c), lo);
+        _mm_storeh_pi((__m64 *)(s + lds + c), lo);
+        _mm_storel_pi((__m64 *)(s + 2 * lds + c), hi);
+        _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
+    }
+    if (c < nc) {
+        const char *k0 = krows[c];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, z = a0;
+        for (int j = 0; j < dp; j += 8) {
+            __m256 x = cvt8r(dt, k0 + j * es);
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
+        }
+        __m256 t = hsum8(a0, a1, a2, a3, z, z, z, z);
+        if (dt == PA_DTYPE_FP8_E4M3) t = _mm256_mul_ps(t, sc);
+        float u[8];
+        _mm256_storeu_ps(u, t);
+        for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
+    }
+}
+
+/* dims [j, j + 8 NV) of the 4 rows over the listed keys */
+static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt, const char *const *vl,
+                                                            const float *pb, int nv, int j, int dp,
+                                                            const float *alpha, float *o)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    const float in = dt == PA_DTYPE_FP8_E4M3 ? 1.0f / 256.0f : 1.0f;
+    __m256 acc[4][3];
+    for (int h = 0; h < 4; h++) {
+        __m256 al = _mm256_set1_ps(alpha[h] * in);
+        for (int u = 0; u < NV; u++) acc[h][u] = _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
+    }
+    for (int i = 0; i < nv; i++) {
+        const char *vp = vl[i] + (size_t)j * es;
+        __m256 x[3];
+        if (NV >= 2) cvt16r(dt, vp, &x[0], &x[1]);
+        if (NV == 3) x[2] = cvt8r(dt, vp + 16 * es);
+        if (NV == 1) x[0] = cvt8r(dt, vp);
+        const float *w = pb + (size_t)i * 32;
+        for (int h = 0; h < 4; h++) {
+            __m256 wv = _mm256_load_ps(w + 8 * h);
+            for (int u = 0; u < NV; u++) acc[h][u] = _mm256_fmadd_ps(wv, x[u], acc[h][u]);
+        }
+    }
+    const __m256 out = _mm256_set1_ps(256.0f);
+    for (int h = 0; h < 4; h++)
+        for (int u = 0; u < NV; u++)
+            _mm256_store_ps(o + (size_t)h * dp + j + 8 * u,
+                            dt == PA_DTYPE_FP8_E4M3 ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
+}
+
+static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const void *const *vrows, int nc,
+                                                           const float *p, int ldp, int dp,
+                                                           const float *alpha, const unsigned char *colmask,
+                                                           float *o)
+{
+    const char *vl[CPU_KT];
+    float pb[CPU_KT * 32] __attribute__((aligned(32)));
+    int nv = 0;
+    for (int c = 0; c < nc; c++) {
+        if (colmask && !colmask[c]) continue;
+        vl[nv] = vrows[c];
+        for (int h = 0; h < 4; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
+        nv++;
+    }
+    int j = 0;
+    for (; j + 24 <= dp; j += 24) pv4_chunk(3, dt, vl, pb, nv, j, dp, alpha, o);
+    for (; j + 16 <= dp; j += 16) pv4_chunk(2, dt, vl, pb, nv, j, dp, alpha, o);
+    for (; j < dp; j += 8) pv4_chunk(1, dt, vl, pb, nv, j, dp, alpha, o);
+}
+
+static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const void *const *krows, int nc,
+                                                              const float *q, int nr, int dp, float *s, int lds)
+{
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) qk4_body(dt, krows, nc, q + (size_t)r * dp, dp, s + (size_t)r * lds, lds);
+    if (r < nr) qk_src_body(dt, krows, nc, q + (size_t)r * dp, nr - r, dp, s + (size_t)r * lds, lds);
+}
+
+static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const void *const *vrows, int nc,
+                                                              const float *p, int ldp, int nr, int dp,
+                                                              const float *alpha, const unsigned char *colmask,
+                                                              float *o)
+{
+    int r = 0;
+    for (; r + 4 <= nr && nc <= CPU_KT; r += 4)
+        pv4_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp);
+    if (r < nr)
+        pv_src_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask, o + (size_t)r * dp);
+}
+
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                       float *s, int lds)
 {
     switch (dtype) {
-    case PA_DTYPE_F32: qk_src_body(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_F16: qk_src_body(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_BF16: qk_src_body(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_FP8_E4M3: qk_src_body(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_FP8_E5M2: qk_src_body(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_FP8_E4M3: qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
     default: break;
     }
 }
@@ -613,11 +789,11 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
                       int dp, const float *alpha, const unsigned char *colmask, float *o)
 {
     switch (dtype) {
-    case PA_DTYPE_F32: pv_src_body(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_F16: pv_src_body(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_BF16: pv_src_body(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_FP8_E4M3: pv_src_body(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_FP8_E5M2: pv_src_body(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_FP8_E4M3: pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     default: break;
     }
 }
