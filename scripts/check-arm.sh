@@ -24,4 +24,4 @@ cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCM
   -DPAGEDATTN_CUDA=OFF -DPAGEDATTN_BUILD_TOOLS=ON -DPAGEDATTN_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)"
 qemu-aarch64 -L /usr/aarch64-linux-gnu "$build/tools/pagedattn" info | grep -E '^  (isa|neon path):'
-ctest --test-dir "$build" --output-on-failure -j"$(nproc)" -E cuda "$@"
+ctest --test-dir "$build" --output-on-failure -j"$(nproc)" "$@" # the cuda tests skip

@@ -14,9 +14,9 @@ int main(int argc, char **argv)
     CHECK(cpu != NULL);
     if (!cpu) return test_exit();
     const char *filter = argc > 1 ? argv[1] : NULL;
-    static const char *const isas[] = {"generic", "avx2", "avx512"};
+    static const char *const isas[] = {"generic", "avx2", "avx512", "neon"};
     int ran = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof isas / sizeof *isas); i++) {
         setenv("PAGEDATTN_CPU_ISA", isas[i], 1);
         pa_context *ctx = NULL;
         pa_status st = pa_context_create(cpu, NULL, &ctx);

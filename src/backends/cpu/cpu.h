@@ -71,15 +71,27 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k);
 #  endif
 #endif
+#if defined(__aarch64__) || defined(_M_ARM64)
+#  define PA__CPU_ARM64 1
+void pa__cpu_kernels_init_neon(pa__cpu_kernels *k); /* arm/cpu_neon.c */
+#endif
 
-/* CPU features (x86: CPUID + XGETBV; other machines: all false). */
+/* CPU features (x86: CPUID + XGETBV; AArch64: Advanced SIMD, part of every such CPU; other
+ * machines: all false). */
 typedef struct pa__cpu_features {
     bool avx2, fma, f16c, os_ymm;                       /* AVX2 path needs all four */
     bool avx512f, avx512bw, avx512vl, avx512bf16, os_zmm; /* AVX-512 path: f, bw, vl, os_zmm */
+    bool neon;                                          /* NEON path (AArch64) */
 } pa__cpu_features;
 void pa__cpu_detect(pa__cpu_features *f);
 
-typedef enum { PA__ISA_GENERIC = 0, PA__ISA_AVX2 = 1, PA__ISA_AVX512 = 2 } pa__cpu_isa;
+typedef enum {
+    PA__ISA_GENERIC = 0,
+    PA__ISA_AVX2 = 1,
+    PA__ISA_AVX512 = 2,
+    PA__ISA_NEON = 3,
+    PA__ISA_COUNT_ = 4
+} pa__cpu_isa;
 /* Whether the path is compiled in and this machine can run it. */
 bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f);
 const char *pa__cpu_isa_name(pa__cpu_isa isa);

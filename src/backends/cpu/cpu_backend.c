@@ -17,19 +17,22 @@ bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f)
                f->os_zmm;
 #  endif
 #endif
+#ifdef PA__CPU_ARM64
+    case PA__ISA_NEON: return f->neon;
+#endif
     default: return false;
     }
 }
 
 const char *pa__cpu_isa_name(pa__cpu_isa isa)
 {
-    static const char *const names[] = {"generic", "avx2", "avx512"};
-    return (unsigned)isa < 3 ? names[isa] : "?";
+    static const char *const names[PA__ISA_COUNT_] = {"generic", "avx2", "avx512", "neon"};
+    return (unsigned)isa < PA__ISA_COUNT_ ? names[isa] : "?";
 }
 
 static pa__cpu_isa best_isa(const pa__cpu_features *f)
 {
-    for (int i = PA__ISA_AVX512; i > PA__ISA_GENERIC; i--)
+    for (int i = PA__ISA_COUNT_ - 1; i > PA__ISA_GENERIC; i--) /* at most one family usable */
         if (pa__cpu_isa_usable((pa__cpu_isa)i, f)) return (pa__cpu_isa)i;
     return PA__ISA_GENERIC;
 }
@@ -45,7 +48,7 @@ static pa_status choose_isa(pa__cpu_isa *out)
         *out = best_isa(&f);
         return PA_STATUS_OK;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < PA__ISA_COUNT_; i++) {
         if (strcmp(env, pa__cpu_isa_name((pa__cpu_isa)i))) continue;
         if (!pa__cpu_isa_usable((pa__cpu_isa)i, &f))
             return pa__fail(PA_STATUS_UNAVAILABLE,
@@ -54,7 +57,7 @@ static pa_status choose_isa(pa__cpu_isa *out)
         return PA_STATUS_OK;
     }
     return pa__fail(PA_STATUS_INVALID_ARGUMENT,
-                    "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512 or auto", env);
+                    "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512, neon or auto", env);
 }
 
 static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
@@ -65,6 +68,9 @@ static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
 #  ifdef PAGEDATTN_HAVE_AVX512
     if (isa >= PA__ISA_AVX512) pa__cpu_kernels_init_avx512(k);
 #  endif
+#endif
+#ifdef PA__CPU_ARM64
+    if (isa == PA__ISA_NEON) pa__cpu_kernels_init_neon(k);
 #endif
 }
 
@@ -80,21 +86,27 @@ static const char *cpu_info(void)
     snprintf(buf, sizeof buf,
              "isa: %s (%s)\n"
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
-             "avx512bf16=%d os-zmm=%d\n"
+             "avx512bf16=%d os-zmm=%d neon=%d\n"
              "avx512 path: %s\n"
+             "neon path: %s\n"
              "threads: %d online cores\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? "best this machine runs"
              : st == PA_STATUS_OK ? "forced by PAGEDATTN_CPU_ISA"
                                   : "PAGEDATTN_CPU_ISA asks for it, but it cannot run here: contexts fail",
              f.avx2, f.fma, f.f16c, f.os_ymm, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16,
-             f.os_zmm,
+             f.os_zmm, f.neon,
 #ifdef PAGEDATTN_HAVE_AVX512
              pa__cpu_isa_usable(PA__ISA_AVX512, &f)
                  ? "built, runs here (checked on the grid under emulation only)"
                  : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",
+#endif
+#ifdef PA__CPU_ARM64
+             "built, runs here (Advanced SIMD is part of every AArch64 CPU)",
+#else
+             "not built (not AArch64)",
 #endif
              pa__cpu_online_cores());
     return buf;
@@ -242,7 +254,7 @@ static pa_status cpu_forward(void *impl, const pa__fwd *f, void *plan)
 
 const struct pa_backend pa__backend_cpu = {
     .name = "cpu",
-    .description = "SIMD (AVX-512, AVX2+FMA+F16C or generic C) flash attention on a thread pool",
+    .description = "SIMD (AVX-512, AVX2+FMA+F16C, NEON or generic C) flash attention on a thread pool",
     .preferred_layout = PA_LAYOUT_HND,
     .memory = PA_MEMORY_HOST,
     .available = NULL,

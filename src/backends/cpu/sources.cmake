@@ -1,5 +1,6 @@
 # The cpu backend: generic C kernels always; x86 ISA files each compiled with their own flags
 # (the rest of the library stays at the baseline) and chosen at run time after CPUID + XGETBV.
+# AArch64: the NEON file (baseline flags; Advanced SIMD is always there).
 include(CheckCCompilerFlag)
 set(PA_CPU_DIR ${CMAKE_CURRENT_LIST_DIR})
 list(APPEND PA_SOURCES
@@ -21,6 +22,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
       COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mavx2;-mfma;-mf16c")
     list(APPEND PA_PRIVATE_DEFS PAGEDATTN_HAVE_AVX512)
   endif()
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+  list(APPEND PA_SOURCES ${PA_CPU_DIR}/arm/cpu_detect_arm.c ${PA_CPU_DIR}/arm/cpu_neon.c)
 else()
   list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_detect.c)
 endif()
