@@ -8,14 +8,15 @@
  * the denominator once, as the initial state of an unchunked row or in the merge. */
 #include "cpu.h"
 
-/* Decode (direct) tiles: keys per tile, and the prefetch of the next kernel call's rows
- * (1; 0 none; 2 the whole next tile at once, as before). Overridable for experiments. */
+/* Decode (direct) tiles: keys per tile, and how many kernel calls ahead (one KV head's K or V
+ * rows of a tile each) their rows are prefetched; 0: none. Overridable for experiments. */
 #ifndef CPU_DECODE_KT
-#  define CPU_DECODE_KT 32
+#  define CPU_DECODE_KT 16
 #endif
 #ifndef CPU_DECODE_PF
 #  define CPU_DECODE_PF 1
 #endif
+_Static_assert(CPU_DECODE_PF >= 0 && CPU_DECODE_PF <= 4, "decode prefetch distance");
 _Static_assert(CPU_DECODE_KT >= 16 && CPU_DECODE_KT <= CPU_KT, "decode tile");
 
 typedef struct {
@@ -78,10 +79,13 @@ static void key_rows(const key_src *ks, bool value, int64_t a, int n, const void
     }
 }
 
+/* The prefetch helpers are always inlined: gcc 12 drops calls to a non-inlined function whose
+ * only effect is __builtin_prefetch (it counts as no side effect), i.e. the prefetches vanish. */
+
 /* Asks for the K and V rows of keys [a, a + n) ahead of use (into L2): one head's rows of a
  * paged cache are short runs scattered over many pages, which the hardware prefetchers do not
  * follow across page boundaries. */
-static void prefetch_keys(const key_src *ks, int64_t a, int n, int64_t row_bytes)
+static inline __attribute__((always_inline)) void prefetch_keys(const key_src *ks, int64_t a, int n, int64_t row_bytes)
 {
     for (int i = 0; i < n; i++) {
         int64_t j = a + i, off;
@@ -121,10 +125,21 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
 
 /* Asks for rows that the next kernel call will read (one KV head's K or V rows of a tile, ~8
  * KiB): issued one call ahead, so they arrive while the current call computes. */
-static void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
+static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
 {
     for (int i = 0; i < n; i++)
         for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *)rows[i] + b, 0, 3);
+}
+
+/* Prefetch of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of
+ * heads 0..nkv-1, then K of the next tile's heads (nnc keys; none when there is none). */
+static inline __attribute__((always_inline)) void decode_prefetch(const void *kr[][CPU_KT], const void *vr[][CPU_KT],
+                            const void *nkr[][CPU_KT], int nkv, int i, int nc, int nnc,
+                            int64_t row_bytes)
+{
+    if (i < nkv) prefetch_rows(kr[i], nc, row_bytes);
+    else if (i < 2 * nkv) prefetch_rows(vr[i - nkv], nc, row_bytes);
+    else if (i - 2 * nkv < nkv && i - 2 * nkv < CPU_DECODE_PF && nnc) prefetch_rows(nkr[i - 2 * nkv], nnc, row_bytes);
 }
 
 /* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
@@ -265,7 +280,10 @@ static void run_item(void *arg, int64_t index, int thread)
          * than 64: one KV head's rows of a tile, prefetched one kernel call ahead, are ~8 KiB) */
         const int dpf = CPU_DECODE_PF;
         if (direct) kt = CPU_DECODE_KT;
-        const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT], *nkr[CPU_KT], *nvr[CPU_KT];
+        const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
+        const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
+        int nnc = 0;
+        bool first = true;
         /* long tiles (prefill) transpose K once and take outer products; needs the tile's
          * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
         const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
@@ -294,14 +312,21 @@ static void run_item(void *arg, int64_t index, int thread)
             int64_t ne = e + kt < uhi ? e + kt : uhi;
             if (e < uhi && (!direct || dpf == 2))
                 for (int k = 0; k < it->nkv; k++) prefetch_keys(&ks[k], e, (int)(ne - e), row_bytes);
-            if (direct)
+            if (direct) {
                 for (int k = 0; k < it->nkv; k++) key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
+                /* the first heads' K rows of the next tile, for the prefetch at the tile's end */
+                nnc = e < uhi ? (int)(ne - e) : 0;
+                for (int k = 0; k < dpf && k < it->nkv && nnc; k++) key_rows_kv(&ks[k], e, nnc, nkr[k], nvr);
+                /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
+                for (int k = 0; k < dpf && first; k++) decode_prefetch(kr, vr, nkr, it->nkv, k, nc, nnc, row_bytes);
+                first = false;
+            }
             /* K of every KV head (head after head: whole blocks front to back in HND), scores */
             for (int k = 0; k < it->nkv; k++) {
                 float *kk = sc->k + (size_t)k * kt * dp;
                 float *sk = sc->s + (size_t)k * nrk * CPU_KT;
                 if (direct) {
-                    if (dpf == 1) prefetch_rows(k + 1 < it->nkv ? kr[k + 1] : vr[0], nc, row_bytes);
+                    if (dpf) decode_prefetch(kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes);
                     K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
                 } else if (transposed) {
                     key_rows(&ks[k], false, a, nc, sc->rows);
@@ -345,13 +370,7 @@ static void run_item(void *arg, int64_t index, int thread)
                 }
                 float *vv = sc->v + (size_t)k * kt * dp;
                 if (direct) {
-                    if (dpf == 1) {
-                        if (k + 1 < it->nkv) prefetch_rows(vr[k + 1], nc, row_bytes);
-                        else if (e < uhi) {
-                            key_rows_kv(&ks[0], e, (int)(ne - e), nkr, nvr);
-                            prefetch_rows(nkr, (int)(ne - e), row_bytes);
-                        }
-                    }
+                    if (dpf) decode_prefetch(kr, vr, nkr, it->nkv, it->nkv + k + dpf, nc, nnc, row_bytes);
                     K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
                               sc->o + (size_t)k * nrk * dp);
                 } else {
