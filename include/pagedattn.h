@@ -189,7 +189,7 @@ typedef struct pa_blocksparse {
 } pa_blocksparse;
 
 typedef struct pa_layer_config {
-    int32_t num_heads;    /* query heads, >= 1 */
+    int32_t num_heads;    /* query heads, 1..65536 */
     int32_t num_kv_heads; /* KV heads, >= 1, divides num_heads (MHA: equal; MQA: 1) */
     int32_t head_size;    /* 1..512 (a backend may support fewer; see pa_backend_supports) */
     float scale;          /* logit scale, finite and > 0 (usually 1/sqrt(head_size); the

@@ -154,6 +154,7 @@ static void test_layer(void)
     LAYER_FAILS(c.num_kv_heads = 0, "num_kv_heads (0)");
     LAYER_FAILS(c.num_kv_heads = -3, "num_kv_heads (-3)");
     LAYER_FAILS((c.num_heads = 6, c.num_kv_heads = 4), "num_heads (6) must be a multiple of num_kv_heads (4)");
+    LAYER_FAILS((c.num_heads = 65537, c.num_kv_heads = 1), "num_heads 65537 exceeds 65536");
     LAYER_FAILS(c.head_size = 0, "head_size 0 not in [1, 512]");
     LAYER_FAILS(c.head_size = 513, "head_size 513 not in [1, 512]");
     LAYER_FAILS(c.scale = 0.0f, "scale 0");

@@ -1,6 +1,8 @@
 /* layer.c: the configuration of one attention layer, validated once at creation. */
 #include "internal.h"
 
+#define PA__MAX_HEADS 65536
+
 const char *pa_attn_type_name(pa_attn_type type)
 {
     static const char *const names[] = {"decoder", "encoder", "encoder_only", "encoder_decoder"};
@@ -28,6 +30,9 @@ static pa_status check_geometry(const pa_layer_config *c)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                         "layer: num_heads (%d) and num_kv_heads (%d) must be >= 1", c->num_heads,
                         c->num_kv_heads);
+    if (c->num_heads > PA__MAX_HEADS)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "layer: num_heads %d exceeds %d", c->num_heads,
+                        PA__MAX_HEADS);
     if (c->num_heads % c->num_kv_heads != 0)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                         "layer: num_heads (%d) must be a multiple of num_kv_heads (%d)",

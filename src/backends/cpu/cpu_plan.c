@@ -65,7 +65,9 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
     for (int32_t s = 0; s < b->md.num_seqs; s++) {
         int32_t qlen = b->md.query_lens[s];
         int64_t ch = chunk_keys(qlen);
-        for (int32_t t0 = 0; t0 < qlen; t0 += rs.nt) {
+        /* t0 + rs.nt may pass INT32_MAX on the last tile of a huge query: step in int64 */
+        for (int64_t t0_64 = 0; t0_64 < qlen; t0_64 += rs.nt) {
+            int32_t t0 = (int32_t)t0_64;
             int32_t nt = qlen - t0 < rs.nt ? qlen - t0 : rs.nt;
             int64_t reach = tile_reach(L, b, s, t0, nt);
             int64_t nch = reach > 0 ? (reach + ch - 1) / ch : 1;
