@@ -16,6 +16,9 @@
 #ifndef CPU_DECODE_PF
 #  define CPU_DECODE_PF 1
 #endif
+#ifndef CPU_DECODE_PFL
+#  define CPU_DECODE_PFL 3 /* __builtin_prefetch locality */
+#endif
 _Static_assert(CPU_DECODE_PF >= 0 && CPU_DECODE_PF <= 4, "decode prefetch distance");
 _Static_assert(CPU_DECODE_KT >= 16 && CPU_DECODE_KT <= CPU_KT, "decode tile");
 
@@ -128,7 +131,7 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
 static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
 {
     for (int i = 0; i < n; i++)
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *)rows[i] + b, 0, 3);
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *)rows[i] + b, 0, CPU_DECODE_PFL);
 }
 
 /* Prefetch of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of

@@ -701,10 +701,12 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     }
 }
 
-/* dims [j, j + 8 NV) of the 4 rows over the listed keys */
-static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt, const char *const *vl,
-                                                            const float *pb, int nv, int j, int dp,
-                                                            const float *alpha, float *o)
+/* dims [j, j + 8 NV) of the 4 rows over the listed keys; probabilities broadcast from p (rows
+ * ldp apart, all keys listed) or, when pb is given, read pre-broadcast from pb (32 per key) */
+static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt, const void *const *vl,
+                                                            const float *p, int ldp, const float *pb,
+                                                            int nv, int j, int dp, const float *alpha,
+                                                            float *o)
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
     const float in = dt == PA_DTYPE_FP8_E4M3 ? 1.0f / 256.0f : 1.0f;
@@ -713,18 +715,26 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
         __m256 al = _mm256_set1_ps(alpha[h] * in);
         for (int u = 0; u < NV; u++) acc[h][u] = _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
     }
-    for (int i = 0; i < nv; i++) {
-        const char *vp = vl[i] + (size_t)j * es;
-        __m256 x[3];
-        if (NV >= 2) cvt16r(dt, vp, &x[0], &x[1]);
-        if (NV == 3) x[2] = cvt8r(dt, vp + 16 * es);
-        if (NV == 1) x[0] = cvt8r(dt, vp);
-        const float *w = pb + (size_t)i * 32;
-        for (int h = 0; h < 4; h++) {
-            __m256 wv = _mm256_load_ps(w + 8 * h);
-            for (int u = 0; u < NV; u++) acc[h][u] = _mm256_fmadd_ps(wv, x[u], acc[h][u]);
-        }
+#define PV4_KEY(i)                                                                                   \
+    do {                                                                                             \
+        const char *vp = (const char *)vl[i] + (size_t)j * es;                                       \
+        __m256 x[3];                                                                                 \
+        if (NV >= 2) cvt16r(dt, vp, &x[0], &x[1]);                                                   \
+        if (NV == 3) x[2] = cvt8r(dt, vp + 16 * es);                                                 \
+        if (NV == 1) x[0] = cvt8r(dt, vp);                                                           \
+        for (int h = 0; h < 4; h++) {                                                                \
+            __m256 wv = pb ? _mm256_load_ps(pb + (size_t)(i) * 32 + 8 * h)                           \
+                           : _mm256_broadcast_ss(p + (size_t)h * ldp + (i));                         \
+            for (int u = 0; u < NV; u++) acc[h][u] = _mm256_fmadd_ps(wv, x[u], acc[h][u]);           \
+        }                                                                                            \
+    } while (0)
+    int i = 0;
+    for (; i + 2 <= nv; i += 2) {
+        PV4_KEY(i);
+        PV4_KEY(i + 1);
     }
+    if (i < nv) PV4_KEY(i);
+#undef PV4_KEY
     const __m256 out = _mm256_set1_ps(256.0f);
     for (int h = 0; h < 4; h++)
         for (int u = 0; u < NV; u++)
@@ -732,24 +742,35 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
                             dt == PA_DTYPE_FP8_E4M3 ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
 }
 
+static inline __attribute__((always_inline)) void pv4_dims(pa_dtype dt, const void *const *vl, const float *p,
+                                                           int ldp, const float *pb, int nv, int dp,
+                                                           const float *alpha, float *o)
+{
+    int j = 0;
+    for (; j + 24 <= dp; j += 24) pv4_chunk(3, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    for (; j + 16 <= dp; j += 16) pv4_chunk(2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    for (; j < dp; j += 8) pv4_chunk(1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+}
+
 static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const void *const *vrows, int nc,
                                                            const float *p, int ldp, int dp,
                                                            const float *alpha, const unsigned char *colmask,
                                                            float *o)
 {
-    const char *vl[CPU_KT];
+    if (!colmask) { /* every key of the tile: probabilities broadcast in the loop */
+        pv4_dims(dt, vrows, p, ldp, NULL, nc, dp, alpha, o);
+        return;
+    }
+    const void *vl[CPU_KT];
     float pb[CPU_KT * 32] __attribute__((aligned(32)));
     int nv = 0;
     for (int c = 0; c < nc; c++) {
-        if (colmask && !colmask[c]) continue;
+        if (!colmask[c]) continue;
         vl[nv] = vrows[c];
         for (int h = 0; h < 4; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
         nv++;
     }
-    int j = 0;
-    for (; j + 24 <= dp; j += 24) pv4_chunk(3, dt, vl, pb, nv, j, dp, alpha, o);
-    for (; j + 16 <= dp; j += 16) pv4_chunk(2, dt, vl, pb, nv, j, dp, alpha, o);
-    for (; j < dp; j += 8) pv4_chunk(1, dt, vl, pb, nv, j, dp, alpha, o);
+    pv4_dims(dt, vl, p, ldp, pb, nv, dp, alpha, o);
 }
 
 static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const void *const *krows, int nc,
