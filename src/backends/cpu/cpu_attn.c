@@ -82,28 +82,6 @@ static void key_rows(const key_src *ks, bool value, int64_t a, int n, const void
     }
 }
 
-/* The prefetch helpers are always inlined: gcc 12 drops calls to a non-inlined function whose
- * only effect is __builtin_prefetch (it counts as no side effect), i.e. the prefetches vanish. */
-
-/* Asks for the K and V rows of keys [a, a + n) ahead of use (into L2): one head's rows of a
- * paged cache are short runs scattered over many pages, which the hardware prefetchers do not
- * follow across page boundaries. */
-static inline __attribute__((always_inline)) void prefetch_keys(const key_src *ks, int64_t a, int n, int64_t row_bytes)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t j = a + i, off;
-        if (ks->cache) off = pa__cache_key_offset(ks->cache, ks->table, j) + ks->head_off;
-        else off = (ks->row0 + j) * ks->krs + ks->head_off;
-        const char *kp = ks->kbase + off * (int64_t)ks->esz;
-        if (!ks->cache) off = (ks->row0 + j) * ks->vrs + ks->head_off;
-        const char *vp = ks->vbase + off * (int64_t)ks->esz;
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch(kp + b, 0, 2);
-            __builtin_prefetch(vp + b, 0, 2);
-        }
-    }
-}
-
 /* K and V rows of keys [a, a + n): one division per call, then a walk through the blocks. */
 static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows, const void **vrows)
 {
@@ -126,8 +104,10 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
     }
 }
 
-/* Asks for rows that the next kernel call will read (one KV head's K or V rows of a tile, ~8
- * KiB): issued one call ahead, so they arrive while the current call computes. */
+/* Asks for rows that the next kernel call will read (one KV head's K or V rows of a tile: 4 KiB
+ * for bf16, 16 keys, d 128): issued one call ahead, so they arrive while the current call
+ * computes. Always inlined: gcc 12 deletes calls to a non-inlined function whose only effect is
+ * __builtin_prefetch, i.e. the prefetches silently vanish (they did in the first version). */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
 {
     for (int i = 0; i < n; i++)
@@ -279,8 +259,8 @@ static void run_item(void *arg, int64_t index, int thread)
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
          * nothing to amortize a converted copy over */
         const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= 8;
-        /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32 measured better
-         * than 64: one KV head's rows of a tile, prefetched one kernel call ahead, are ~8 KiB) */
+        /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (16, one cache block
+         * per KV head and kernel call, measured better than 32 or 64 with the prefetch below) */
         const int dpf = CPU_DECODE_PF;
         if (direct) kt = CPU_DECODE_KT;
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
@@ -313,8 +293,8 @@ static void run_item(void *arg, int64_t index, int thread)
             if (!any) continue;
 
             int64_t ne = e + kt < uhi ? e + kt : uhi;
-            if (e < uhi && (!direct || dpf == 2))
-                for (int k = 0; k < it->nkv; k++) prefetch_keys(&ks[k], e, (int)(ne - e), row_bytes);
+            /* prefill tiles: no software prefetch (the next tile's rows, all at once, measured
+             * slower: bf16 1 x 1024 prefill +4% CPU time; the HW prefetchers follow them) */
             if (direct) {
                 for (int k = 0; k < it->nkv; k++) key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
                 /* the first heads' K rows of the next tile, for the prefetch at the tile's end */
