@@ -110,8 +110,13 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
  * __builtin_prefetch, i.e. the prefetches silently vanish (they did in the first version). */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
 {
-    for (int i = 0; i < n; i++)
-        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *)rows[i] + b, 0, CPU_DECODE_PFL);
+    /* rows of one block are contiguous in HND: one sweep per run of rows (measured 20-30% less
+     * CPU time than 4 prefetches per row over the same lines, on a quiet host) */
+    for (int i = 0; i < n;) {
+        const char *p = rows[i], *q = p + row_bytes;
+        for (i++; i < n && (const char *)rows[i] == q; i++) q += row_bytes;
+        for (; p < q; p += 64) __builtin_prefetch(p, 0, CPU_DECODE_PFL);
+    }
 }
 
 /* Prefetch of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of
