@@ -127,7 +127,10 @@ static inline __attribute__((always_inline)) void decode_prefetch(const void *kr
 {
     if (i < nkv) prefetch_rows(kr[i], nc, row_bytes);
     else if (i < 2 * nkv) prefetch_rows(vr[i - nkv], nc, row_bytes);
-    else if (i - 2 * nkv < nkv && i - 2 * nkv < CPU_DECODE_PF && nnc) prefetch_rows(nkr[i - 2 * nkv], nnc, row_bytes);
+    else {
+        int j = i - 2 * nkv; /* >= 0 here; said again so that gcc's -Warray-bounds sees it */
+        if (j >= 0 && j < nkv && j < CPU_DECODE_PF && nnc) prefetch_rows(nkr[j], nnc, row_bytes);
+    }
 }
 
 /* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
