@@ -8,14 +8,7 @@
 #include "grid.h"
 #include "test.h"
 
-#include "backends/cuda/cuda_backend.h"
-
-#if defined(__GNUC__)
-extern const pa__cuda_test_hooks *pa__cuda_testing(void) __attribute__((weak));
-#  define HAVE_HOOKS_SYMBOL (pa__cuda_testing != NULL)
-#else
-#  define HAVE_HOOKS_SYMBOL 0
-#endif
+#include "cuda_test.h"
 
 static const pa__cuda_test_hooks *H;
 
@@ -30,19 +23,9 @@ static int d_to_host(void *dst, const void *src, size_t bytes) { return H->memcp
 
 int main(int argc, char **argv)
 {
-    const pa_backend *cuda = pa_backend_find("cuda");
-    if (!cuda || !HAVE_HOOKS_SYMBOL) {
-        printf("SKIP: the cuda backend is not built into this library (PAGEDATTN_CUDA=OFF, or "
-               "AUTO found no nvcc)\n");
-        return 77;
-    }
-    char reason[256] = "";
-    if (!pa_backend_available(cuda, reason, sizeof reason)) {
-        printf("SKIP: the cuda backend is built but cannot run here: %s\n", reason);
-        return 77;
-    }
+    const pa_backend *cuda = cuda_test_open(&H);
+    if (!cuda) return 77;
     printf("%s", pa_backend_info(cuda));
-    H = pa__cuda_testing();
     const grid_device_hooks hooks = {d_alloc, d_free, d_to_device, d_to_host};
     grid_set_device_hooks(&hooks);
     const char *filter = argc > 1 ? argv[1] : NULL;

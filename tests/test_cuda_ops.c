@@ -5,16 +5,9 @@
  * no device can be used. */
 #include "test.h"
 
-#include "backends/cuda/cuda_backend.h"
+#include "cuda_test.h"
 
 #include <stdint.h>
-
-#if defined(__GNUC__)
-extern const pa__cuda_test_hooks *pa__cuda_testing(void) __attribute__((weak));
-#  define HAVE_HOOKS_SYMBOL (pa__cuda_testing != NULL)
-#else
-#  define HAVE_HOOKS_SYMBOL 0
-#endif
 
 static const pa__cuda_test_hooks *H;
 
@@ -220,18 +213,8 @@ static void test_merge(pa_context *ctx)
 
 int main(void)
 {
-    const pa_backend *cuda = pa_backend_find("cuda");
-    if (!cuda || !HAVE_HOOKS_SYMBOL) {
-        printf("SKIP: the cuda backend is not built into this library (PAGEDATTN_CUDA=OFF, or "
-               "AUTO found no nvcc)\n");
-        return 77;
-    }
-    char reason[256] = "";
-    if (!pa_backend_available(cuda, reason, sizeof reason)) {
-        printf("SKIP: the cuda backend is built but cannot run here: %s\n", reason);
-        return 77;
-    }
-    H = pa__cuda_testing();
+    const pa_backend *cuda = cuda_test_open(&H);
+    if (!cuda) return 77;
     pa_context *ctx = NULL;
     CHECK_OK(pa_context_create(cuda, NULL, &ctx));
     if (!ctx) return test_exit();

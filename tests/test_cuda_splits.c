@@ -5,16 +5,9 @@
  * the reason when the backend is not built or no device can be used. */
 #include "test.h"
 
-#include "backends/cuda/cuda_backend.h"
+#include "cuda_test.h"
 
 #include <stdint.h>
-
-#if defined(__GNUC__)
-extern const pa__cuda_test_hooks *pa__cuda_testing(void) __attribute__((weak));
-#  define HAVE_HOOKS_SYMBOL (pa__cuda_testing != NULL)
-#else
-#  define HAVE_HOOKS_SYMBOL 0
-#endif
 
 enum { H = 8, HKV = 2, D = 128, BS = 16, NBLK = 700 };
 
@@ -127,18 +120,8 @@ static pa_status run(pa_context *ctx, bool dev, const pa_layer *layer, const pa_
 
 int main(void)
 {
-    const pa_backend *cuda = pa_backend_find("cuda");
-    if (!cuda || !HAVE_HOOKS_SYMBOL) {
-        printf("SKIP: the cuda backend is not built into this library (PAGEDATTN_CUDA=OFF, or "
-               "AUTO found no nvcc)\n");
-        return 77;
-    }
-    char reason[256] = "";
-    if (!pa_backend_available(cuda, reason, sizeof reason)) {
-        printf("SKIP: the cuda backend is built but cannot run here: %s\n", reason);
-        return 77;
-    }
-    HK = pa__cuda_testing();
+    const pa_backend *cuda = cuda_test_open(&HK);
+    if (!cuda) return 77;
 
     float slopes[H], sinks[H];
     for (int h = 0; h < H; h++) {
