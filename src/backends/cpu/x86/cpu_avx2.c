@@ -340,6 +340,92 @@ static float a2_exp_row(float *s, int n, float m)
     return sum;
 }
 
+/* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
+static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
+{
+    switch (dt) {
+    case PA_DTYPE_F16: return cvt_f16x8(p);
+    case PA_DTYPE_BF16: return cvt_bf16x8(p);
+    case PA_DTYPE_FP8_E5M2: return cvt_e5m2x8(p);
+    case PA_DTYPE_FP8_E4M3: {
+        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    }
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+/* O[r] = O[r] * alpha[r] + sum_c P[r][c] V[c] over 4 rows at a time, then single rows; V row c is
+ * vrows[c] in dtype dt (decode, straight from the cache) or, with vrows NULL, the dense fp32 row
+ * vdense + c * dp (prefill scratch). */
+static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const void *const *vrows, const float *vdense,
+                                                              int nc, const float *p, int ldp, int nr,
+                                                              int dp, const float *alpha,
+                                                              const unsigned char *colmask, float *o)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
+        float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
+        __m256 al0 = _mm256_set1_ps(alpha[r]), al1 = _mm256_set1_ps(alpha[r + 1]);
+        __m256 al2 = _mm256_set1_ps(alpha[r + 2]), al3 = _mm256_set1_ps(alpha[r + 3]);
+        for (int j = 0; j < dp; j += 16) {
+            __m256 c00 = _mm256_mul_ps(_mm256_load_ps(o0 + j), al0);
+            __m256 c01 = _mm256_mul_ps(_mm256_load_ps(o0 + j + 8), al0);
+            __m256 c10 = _mm256_mul_ps(_mm256_load_ps(o1 + j), al1);
+            __m256 c11 = _mm256_mul_ps(_mm256_load_ps(o1 + j + 8), al1);
+            __m256 c20 = _mm256_mul_ps(_mm256_load_ps(o2 + j), al2);
+            __m256 c21 = _mm256_mul_ps(_mm256_load_ps(o2 + j + 8), al2);
+            __m256 c30 = _mm256_mul_ps(_mm256_load_ps(o3 + j), al3);
+            __m256 c31 = _mm256_mul_ps(_mm256_load_ps(o3 + j + 8), al3);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const char *vc = vrows ? (const char *)vrows[c] + j * es : (const char *)(vdense + (size_t)c * dp + j);
+                __m256 x0 = cvt8(dt, vc), x1 = cvt8(dt, vc + 8 * es);
+                __m256 w = _mm256_broadcast_ss(p0 + c);
+                c00 = _mm256_fmadd_ps(w, x0, c00);
+                c01 = _mm256_fmadd_ps(w, x1, c01);
+                w = _mm256_broadcast_ss(p1 + c);
+                c10 = _mm256_fmadd_ps(w, x0, c10);
+                c11 = _mm256_fmadd_ps(w, x1, c11);
+                w = _mm256_broadcast_ss(p2 + c);
+                c20 = _mm256_fmadd_ps(w, x0, c20);
+                c21 = _mm256_fmadd_ps(w, x1, c21);
+                w = _mm256_broadcast_ss(p3 + c);
+                c30 = _mm256_fmadd_ps(w, x0, c30);
+                c31 = _mm256_fmadd_ps(w, x1, c31);
+            }
+            _mm256_store_ps(o0 + j, c00);
+            _mm256_store_ps(o0 + j + 8, c01);
+            _mm256_store_ps(o1 + j, c10);
+            _mm256_store_ps(o1 + j + 8, c11);
+            _mm256_store_ps(o2 + j, c20);
+            _mm256_store_ps(o2 + j + 8, c21);
+            _mm256_store_ps(o3 + j, c30);
+            _mm256_store_ps(o3 + j + 8, c31);
+        }
+    }
+    for (; r < nr; r++) {
+        const float *pr = p + (size_t)r * ldp;
+        float *orow = o + (size_t)r * dp;
+        __m256 al = _mm256_set1_ps(alpha[r]);
+        for (int j = 0; j < dp; j += 16) {
+            __m256 a0 = _mm256_mul_ps(_mm256_load_ps(orow + j), al);
+            __m256 a1 = _mm256_mul_ps(_mm256_load_ps(orow + j + 8), al);
+            for (int c = 0; c < nc; c++) {
+                if (colmask && !colmask[c]) continue;
+                const char *vc = vrows ? (const char *)vrows[c] + j * es : (const char *)(vdense + (size_t)c * dp + j);
+                __m256 w = _mm256_broadcast_ss(pr + c);
+                a0 = _mm256_fmadd_ps(w, cvt8(dt, vc), a0);
+                a1 = _mm256_fmadd_ps(w, cvt8(dt, vc + 8 * es), a1);
+            }
+            _mm256_store_ps(orow + j, a0);
+            _mm256_store_ps(orow + j + 8, a1);
+        }
+    }
+}
+
 /* ---- O = O * alpha + P V ------------------------------------------------------------------ */
 
 static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
@@ -373,95 +459,14 @@ static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
             }
         }
     }
-    for (; r + 4 <= nr; r += 4) {
-        const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
-        float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
-        __m256 al0 = _mm256_set1_ps(alpha[r]), al1 = _mm256_set1_ps(alpha[r + 1]);
-        __m256 al2 = _mm256_set1_ps(alpha[r + 2]), al3 = _mm256_set1_ps(alpha[r + 3]);
-        for (int j = 0; j < dp; j += 16) {
-            __m256 c00 = _mm256_mul_ps(_mm256_load_ps(o0 + j), al0);
-            __m256 c01 = _mm256_mul_ps(_mm256_load_ps(o0 + j + 8), al0);
-            __m256 c10 = _mm256_mul_ps(_mm256_load_ps(o1 + j), al1);
-            __m256 c11 = _mm256_mul_ps(_mm256_load_ps(o1 + j + 8), al1);
-            __m256 c20 = _mm256_mul_ps(_mm256_load_ps(o2 + j), al2);
-            __m256 c21 = _mm256_mul_ps(_mm256_load_ps(o2 + j + 8), al2);
-            __m256 c30 = _mm256_mul_ps(_mm256_load_ps(o3 + j), al3);
-            __m256 c31 = _mm256_mul_ps(_mm256_load_ps(o3 + j + 8), al3);
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                const float *vc = v + (size_t)c * dp + j;
-                __m256 x0 = _mm256_load_ps(vc), x1 = _mm256_load_ps(vc + 8);
-                __m256 w = _mm256_broadcast_ss(p0 + c);
-                c00 = _mm256_fmadd_ps(w, x0, c00);
-                c01 = _mm256_fmadd_ps(w, x1, c01);
-                w = _mm256_broadcast_ss(p1 + c);
-                c10 = _mm256_fmadd_ps(w, x0, c10);
-                c11 = _mm256_fmadd_ps(w, x1, c11);
-                w = _mm256_broadcast_ss(p2 + c);
-                c20 = _mm256_fmadd_ps(w, x0, c20);
-                c21 = _mm256_fmadd_ps(w, x1, c21);
-                w = _mm256_broadcast_ss(p3 + c);
-                c30 = _mm256_fmadd_ps(w, x0, c30);
-                c31 = _mm256_fmadd_ps(w, x1, c31);
-            }
-            _mm256_store_ps(o0 + j, c00);
-            _mm256_store_ps(o0 + j + 8, c01);
-            _mm256_store_ps(o1 + j, c10);
-            _mm256_store_ps(o1 + j + 8, c11);
-            _mm256_store_ps(o2 + j, c20);
-            _mm256_store_ps(o2 + j + 8, c21);
-            _mm256_store_ps(o3 + j, c30);
-            _mm256_store_ps(o3 + j + 8, c31);
-        }
-    }
-    for (; r < nr; r++) {
-        const float *pr = p + (size_t)r * ldp;
-        float *orow = o + (size_t)r * dp;
-        __m256 al = _mm256_set1_ps(alpha[r]);
-        int j = 0;
-        for (; j + 64 <= dp; j += 64) {
-            __m256 a[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm256_mul_ps(_mm256_load_ps(orow + j + 8 * i), al);
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                __m256 w = _mm256_broadcast_ss(pr + c);
-                const float *vc = v + (size_t)c * dp + j;
-                for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(w, _mm256_load_ps(vc + 8 * i), a[i]);
-            }
-            for (int i = 0; i < 8; i++) _mm256_store_ps(orow + j + 8 * i, a[i]);
-        }
-        for (; j < dp; j += 16) {
-            __m256 a0 = _mm256_mul_ps(_mm256_load_ps(orow + j), al);
-            __m256 a1 = _mm256_mul_ps(_mm256_load_ps(orow + j + 8), al);
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                __m256 w = _mm256_broadcast_ss(pr + c);
-                const float *vc = v + (size_t)c * dp + j;
-                a0 = _mm256_fmadd_ps(w, _mm256_load_ps(vc), a0);
-                a1 = _mm256_fmadd_ps(w, _mm256_load_ps(vc + 8), a1);
-            }
-            _mm256_store_ps(orow + j, a0);
-            _mm256_store_ps(orow + j + 8, a1);
-        }
-    }
+    /* the rest: the decode PV body over dense fp32 rows */
+    if (r < nr)
+        pv_src_body(PA_DTYPE_F32, NULL, v, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask,
+                    o + (size_t)r * dp);
 }
 
 /* ---- decode: products straight from the cache rows ------------------------------------------ */
 
-/* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
-static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
-{
-    switch (dt) {
-    case PA_DTYPE_F16: return cvt_f16x8(p);
-    case PA_DTYPE_BF16: return cvt_bf16x8(p);
-    case PA_DTYPE_FP8_E5M2: return cvt_e5m2x8(p);
-    case PA_DTYPE_FP8_E4M3: {
-        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)));
-        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    }
-    default: return _mm256_loadu_ps((const float *)p);
-    }
-}
 
 static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const void *const *krows,
                                                               int nc, const float *q, int nr, int dp,
@@ -528,73 +533,6 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
     }
 }
 
-static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const void *const *vrows,
-                                                              int nc, const float *p, int ldp, int nr,
-                                                              int dp, const float *alpha,
-                                                              const unsigned char *colmask, float *o)
-{
-    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        const float *p0 = p + (size_t)r * ldp, *p1 = p0 + ldp, *p2 = p1 + ldp, *p3 = p2 + ldp;
-        float *o0 = o + (size_t)r * dp, *o1 = o0 + dp, *o2 = o1 + dp, *o3 = o2 + dp;
-        __m256 al0 = _mm256_set1_ps(alpha[r]), al1 = _mm256_set1_ps(alpha[r + 1]);
-        __m256 al2 = _mm256_set1_ps(alpha[r + 2]), al3 = _mm256_set1_ps(alpha[r + 3]);
-        for (int j = 0; j < dp; j += 16) {
-            __m256 c00 = _mm256_mul_ps(_mm256_load_ps(o0 + j), al0);
-            __m256 c01 = _mm256_mul_ps(_mm256_load_ps(o0 + j + 8), al0);
-            __m256 c10 = _mm256_mul_ps(_mm256_load_ps(o1 + j), al1);
-            __m256 c11 = _mm256_mul_ps(_mm256_load_ps(o1 + j + 8), al1);
-            __m256 c20 = _mm256_mul_ps(_mm256_load_ps(o2 + j), al2);
-            __m256 c21 = _mm256_mul_ps(_mm256_load_ps(o2 + j + 8), al2);
-            __m256 c30 = _mm256_mul_ps(_mm256_load_ps(o3 + j), al3);
-            __m256 c31 = _mm256_mul_ps(_mm256_load_ps(o3 + j + 8), al3);
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                const char *vc = (const char *)vrows[c] + j * es;
-                __m256 x0 = cvt8(dt, vc), x1 = cvt8(dt, vc + 8 * es);
-                __m256 w = _mm256_broadcast_ss(p0 + c);
-                c00 = _mm256_fmadd_ps(w, x0, c00);
-                c01 = _mm256_fmadd_ps(w, x1, c01);
-                w = _mm256_broadcast_ss(p1 + c);
-                c10 = _mm256_fmadd_ps(w, x0, c10);
-                c11 = _mm256_fmadd_ps(w, x1, c11);
-                w = _mm256_broadcast_ss(p2 + c);
-                c20 = _mm256_fmadd_ps(w, x0, c20);
-                c21 = _mm256_fmadd_ps(w, x1, c21);
-                w = _mm256_broadcast_ss(p3 + c);
-                c30 = _mm256_fmadd_ps(w, x0, c30);
-                c31 = _mm256_fmadd_ps(w, x1, c31);
-            }
-            _mm256_store_ps(o0 + j, c00);
-            _mm256_store_ps(o0 + j + 8, c01);
-            _mm256_store_ps(o1 + j, c10);
-            _mm256_store_ps(o1 + j + 8, c11);
-            _mm256_store_ps(o2 + j, c20);
-            _mm256_store_ps(o2 + j + 8, c21);
-            _mm256_store_ps(o3 + j, c30);
-            _mm256_store_ps(o3 + j + 8, c31);
-        }
-    }
-    for (; r < nr; r++) {
-        const float *pr = p + (size_t)r * ldp;
-        float *orow = o + (size_t)r * dp;
-        __m256 al = _mm256_set1_ps(alpha[r]);
-        for (int j = 0; j < dp; j += 16) {
-            __m256 a0 = _mm256_mul_ps(_mm256_load_ps(orow + j), al);
-            __m256 a1 = _mm256_mul_ps(_mm256_load_ps(orow + j + 8), al);
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                const char *vc = (const char *)vrows[c] + j * es;
-                __m256 w = _mm256_broadcast_ss(pr + c);
-                a0 = _mm256_fmadd_ps(w, cvt8(dt, vc), a0);
-                a1 = _mm256_fmadd_ps(w, cvt8(dt, vc + 8 * es), a1);
-            }
-            _mm256_store_ps(orow + j, a0);
-            _mm256_store_ps(orow + j + 8, a1);
-        }
-    }
-}
 
 /* ---- decode, 4 query rows of one KV head at a time ---------------------------------------------
  * (GQA 4 is one group; GQA 8 two.) QK: 2 keys x 4 rows = 8 dot-product accumulators over 16-dim
@@ -791,7 +729,7 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
     for (; r + 4 <= nr && nc <= CPU_KT; r += 4)
         pv4_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp);
     if (r < nr)
-        pv_src_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask, o + (size_t)r * dp);
+        pv_src_body(dt, vrows, NULL, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask, o + (size_t)r * dp);
 }
 
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
