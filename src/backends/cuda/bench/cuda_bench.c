@@ -56,6 +56,8 @@ static void fill_dev(void *dev, size_t n)
     free(h);
 }
 
+static int graph_failures;
+
 static int cmpf(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
@@ -146,6 +148,36 @@ static float run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, int ct
     }
     float ms = median_ms(&t);
     for (int i = 0; i < repeats; i++) cudaEventDestroy(t.e[i][0]), cudaEventDestroy(t.e[i][1]);
+
+    /* CUDA graph: forward captured on the context's stream (it must not allocate, copy from the
+     * host or synchronize), replayed into a poisoned output, equal bit for bit to eager mode. */
+    const size_t out_bytes = (size_t)ntok * H * D * 2;
+    unsigned char *eager = malloc(out_bytes), *replay = malloc(out_bytes);
+    PK(pa_attn_forward(ctx, layer, batch, plan, &a));
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(eager, out, out_bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(out, 0xff, out_bytes)); /* bf16 0xffff: NaN */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    pa_status cs = pa_attn_forward(ctx, layer, batch, plan, &a);
+    CK(cudaStreamEndCapture(stream, &graph));
+    if (cs != PA_STATUS_OK) {
+        fprintf(stderr, "graph: forward under capture failed: %s: %s\n", pa_status_name(cs), pa_last_error());
+        exit(1);
+    }
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpy(replay, out, out_bytes, cudaMemcpyDeviceToHost));
+    const int same = !memcmp(eager, replay, out_bytes);
+    printf("graph: forward captured and replayed: output %s eager mode bit for bit\n",
+           same ? "equals" : "DIFFERS FROM");
+    if (!same) graph_failures++;
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    free(eager);
+    free(replay);
     const double S = ctx_len + q_len;
     *kv_bytes = (double)num_seqs * S * HKV * D * 2 * 2;
     /* causal: query t of a prefill sees ctx + t + 1 keys */
@@ -219,5 +251,5 @@ int main(int argc, char **argv)
            copy_bw / 1e9, dms, dfrac, pms, fl / (pms * 1e-3) / 1e12);
     pa_context_destroy(ctx);
     cudaStreamDestroy(stream);
-    return 0;
+    return graph_failures ? 1 : 0;
 }
