@@ -89,6 +89,17 @@ static void test_cache_write(pa_context *ctx)
             const float ks = pa_dtype_size(cd) == 1 ? 0.5f : 1.f, vs = pa_dtype_size(cd) == 1 ? 0.03f : 1.f;
             CHECK_OK(pa_cache_write(NULL, &pc.h, sd, k, rs, v, rs, slots, n, ks, vs));
             void *dk = dev_copy(k, sb), *dv = dev_copy(v, sb);
+            /* pageable host rows for a device cache: refused before any kernel runs (a kernel
+             * fault would poison the whole CUDA context), the cache untouched */
+            unsigned char *before = malloc(pc.bytes), *after = malloc(pc.bytes);
+            CHECK(!H->memcpy_sync(before, pc.d.value, pc.bytes, 1));
+            CHECK(pa_cache_write(ctx, &pc.d, sd, k, rs, dv, rs, slots, n, ks, vs) == PA_STATUS_INVALID_ARGUMENT);
+            CHECK(strstr(pa_last_error(), "pageable") != NULL);
+            CHECK_OK(pa_context_synchronize(ctx));
+            CHECK(!H->memcpy_sync(after, pc.d.value, pc.bytes, 1));
+            CHECK(!memcmp(before, after, pc.bytes));
+            free(before);
+            free(after);
             CHECK_OK(pa_cache_write(ctx, &pc.d, sd, dk, rs, dv, rs, slots, n, ks, vs));
             CHECK_OK(pa_context_synchronize(ctx));
             if (!same_pools(&pc)) TEST_FAIL("cache write: cache %s, layout %d, src %s differs from host", pa_dtype_name(cd), layout, pa_dtype_name(sd));
@@ -192,6 +203,10 @@ static void test_merge(pa_context *ctx)
         void *doa = dev_copy(oa, n * es), *dob = dev_copy(ob, n * es), *dout = dev_copy(NULL, n * es);
         void *dla = dev_copy(la, sizeof la), *dlb = dev_copy(lb, sizeof lb), *dlo = dev_copy(NULL, sizeof ld);
         pa_merge_args md = {T, Hn, D, dt, doa, dla, dob, dlb, dout, dlo, 0, 0};
+        pa_merge_args bad = md;
+        bad.out = oh; /* pageable host memory: refused, nothing launched */
+        CHECK(pa_merge_states(ctx, &bad) == PA_STATUS_INVALID_ARGUMENT);
+        CHECK(strstr(pa_last_error(), "out (") != NULL);
         CHECK_OK(pa_merge_states(ctx, &md));
         CHECK_OK(pa_context_synchronize(ctx));
         CHECK(!H->memcpy_sync(od, dout, n * es, 1));

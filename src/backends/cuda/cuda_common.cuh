@@ -146,7 +146,8 @@ typedef struct pa_cu_plan {
     int32_t num_heads, num_kv_heads, head_size, group;
     pa_attn_type type;
     int32_t num_seqs;
-    void *dmem; /* one allocation: every array below */
+    void *dmem;  /* one allocation: every array below */
+    void *hmeta; /* its host image, kept until the stream-ordered upload is surely done */
     const int32_t *qstart;    /* [S+1] */
     const int32_t *ctx_lens;  /* [S] query position offset (context_len) */
     const int32_t *kv_lens;   /* [S] keys per sequence for this attention type */

@@ -233,6 +233,7 @@ void pa__cuda_plan_destroy(void *plan)
     if (p->dmem) (void)cudaFree(p->dmem);
     if (p->ws) (void)cudaFree(p->ws);
     (void)cudaGetLastError();
+    pa__free(p->hmeta);
     pa__free(p);
 }
 
@@ -414,10 +415,14 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     if (e == cudaSuccess) e = cudaMalloc(&p->dmem, total);
     if (e == cudaSuccess && parts_total > 0)
         e = cudaMalloc((void **)&p->ws, (size_t)parts_total * (size_t)(D + 2) * sizeof(float));
-    /* Synchronous copy: the plan is complete on the device when this returns, and the host
-     * buffer can go. */
-    if (e == cudaSuccess) e = cudaMemcpy(p->dmem, h, total, cudaMemcpyHostToDevice);
-    pa__free(h);
+    /* Stream-ordered upload: the context's non-blocking stream does not wait for the legacy
+     * default stream, and a plain cudaMemcpy from pageable memory may return before its DMA
+     * lands, so kernels on ctx->stream could read the metadata half-written (seen on an H200:
+     * a few grid cases wrong, clean under compute-sanitizer). The host copy lives until the plan
+     * is destroyed (after a stream sync), so the copy is safe whatever memory pa__alloc gave. */
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(p->dmem, h, total, cudaMemcpyHostToDevice, ctx->stream);
+    p->hmeta = h;
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         pa__cuda_plan_destroy(p);
@@ -441,6 +446,37 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     return PA_STATUS_OK;
 }
 
+/* ---- device pointers ------------------------------------------------------------------------ */
+
+/* Every non-NULL pointer in ptrs[] must be memory the context's device can address (device,
+ * managed or pinned host memory): a kernel that dereferences a pageable host pointer faults, and
+ * a fault poisons the whole CUDA context (every later call fails), so such input is refused here
+ * with INVALID_ARGUMENT and nothing is launched. cudaPointerGetAttributes is no stream operation:
+ * forward stays capturable. */
+static pa_status check_dev_ptrs(const pa_cu_ctx *ctx, const char *op, const void *const *ptrs,
+                                const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!ptrs[i]) continue;
+        cudaPointerAttributes at;
+        cudaError_t e = cudaPointerGetAttributes(&at, ptrs[i]);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: %s (%p) is not CUDA memory: %s", op,
+                            names[i], ptrs[i], cudaGetErrorString(e));
+        }
+        if (at.type == cudaMemoryTypeUnregistered)
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                            "%s: %s (%p) is pageable host memory; the cuda backend needs device, "
+                            "managed or pinned memory", op, names[i], ptrs[i]);
+        if (at.type == cudaMemoryTypeDevice && at.device != ctx->device)
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                            "%s: %s (%p) lives on device %d; this context runs on device %d", op,
+                            names[i], ptrs[i], at.device, ctx->device);
+    }
+    return PA_STATUS_OK;
+}
+
 /* ---- forward ------------------------------------------------------------------------------- */
 
 pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
@@ -459,9 +495,16 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
         p = (pa_cu_plan *)tp;
         temp = true;
     }
-    pa_status st = PA_STATUS_OK;
-
     const bool cached = c->attn_type == PA_ATTN_DECODER || c->attn_type == PA_ATTN_ENCODER_DECODER;
+    {
+        const void *ptrs[] = {a->q, a->k, a->v, a->out, a->lse, cached && a->cache ? a->cache->key : NULL,
+                              cached && a->cache ? a->cache->value : NULL};
+        static const char *const names[] = {"q", "k", "v", "out", "lse", "cache key pool",
+                                            "cache value pool"};
+        pa_status cs = check_dev_ptrs(ctx, "forward", ptrs, names, 7);
+        if (cs != PA_STATUS_OK) return cs;
+    }
+    pa_status st = PA_STATUS_OK;
     const float ks = pa__dtype_is_fp8(c->cache_dtype) ? c->k_scale : 1.f;
     const float vs = pa__dtype_is_fp8(c->cache_dtype) ? c->v_scale : 1.f;
 
@@ -564,6 +607,12 @@ pa_status pa__cuda_cache_write(void *impl, const pa_cache *c, pa_dtype src_dtype
                         "cache: the cuda backend writes device pools only (memory %d)",
                         (int)c->memory);
     PA_CU_TRY(cudaSetDevice(ctx->device));
+    {
+        const void *ptrs[] = {key, value, c->key, c->value};
+        static const char *const names[] = {"key", "value", "cache key pool", "cache value pool"};
+        pa_status cs = check_dev_ptrs(ctx, "cache_write", ptrs, names, 4);
+        if (cs != PA_STATUS_OK) return cs;
+    }
     const int64_t hd = (int64_t)c->num_kv_heads * c->head_size;
     if (k_row_stride == 0) k_row_stride = hd;
     if (v_row_stride == 0) v_row_stride = hd;
@@ -587,6 +636,12 @@ pa_status pa__cuda_copy_blocks(void *impl, const pa_cache *caches, int32_t num_l
                             "caches[%d]: the cuda backend copies blocks of device pools only",
                             (int)l);
     PA_CU_TRY(cudaSetDevice(ctx->device));
+    for (int32_t l = 0; l < num_layers; l++) {
+        const void *ptrs[] = {caches[l].key, caches[l].value};
+        static const char *const names[] = {"cache key pool", "cache value pool"};
+        pa_status cs = check_dev_ptrs(ctx, "copy_blocks", ptrs, names, 2);
+        if (cs != PA_STATUS_OK) return cs;
+    }
     void *dpairs = NULL;
     pa_status st = upload_scratch(ctx, pairs, (size_t)num_pairs * 2 * sizeof(int64_t), &dpairs);
     if (st != PA_STATUS_OK) return st;
@@ -648,6 +703,14 @@ pa_status pa__cuda_swap_blocks(void *impl, const pa_cache *src, const pa_cache *
     if (num_pairs <= 0) return PA_STATUS_OK;
     PA_CU_TRY(cudaSetDevice(ctx->device));
     const bool sdev = src->memory == PA_MEMORY_CUDA, ddev = dst->memory == PA_MEMORY_CUDA;
+    {
+        const void *ptrs[] = {sdev ? src->key : NULL, sdev ? src->value : NULL,
+                              ddev ? dst->key : NULL, ddev ? dst->value : NULL};
+        static const char *const names[] = {"src key pool", "src value pool", "dst key pool",
+                                            "dst value pool"};
+        pa_status cs = check_dev_ptrs(ctx, "swap_blocks", ptrs, names, 4);
+        if (cs != PA_STATUS_OK) return cs;
+    }
     if (!sdev && !ddev) {
         /* Host to host: wait for queued device work that may still read or fill these pools. */
         PA_CU_TRY(cudaStreamSynchronize(ctx->stream));
@@ -675,6 +738,12 @@ pa_status pa__cuda_merge_states(void *impl, const pa_merge_args *a)
 {
     pa_cu_ctx *ctx = (pa_cu_ctx *)impl;
     PA_CU_TRY(cudaSetDevice(ctx->device));
+    {
+        const void *ptrs[] = {a->out_a, a->lse_a, a->out_b, a->lse_b, a->out, a->out_lse};
+        static const char *const names[] = {"out_a", "lse_a", "out_b", "lse_b", "out", "out_lse"};
+        pa_status cs = check_dev_ptrs(ctx, "merge_states", ptrs, names, 6);
+        if (cs != PA_STATUS_OK) return cs;
+    }
     int64_t ts = a->lse_token_stride, hs = a->lse_head_stride;
     if (ts == 0 && hs == 0) {
         ts = a->num_heads;

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <ucontext.h>
+#include <map>
+#include <mutex>
 #include <vector>
 
 namespace pa_emu {
@@ -177,15 +179,42 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int)
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+/* "Device" allocations, so that cudaPointerGetAttributes can tell them from host memory. */
+static std::map<uintptr_t, size_t> g_dev_allocs;
+static std::mutex g_dev_mu;
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     *p = malloc(n ? n : 1);
     if (*p) memset(*p, 0xa5, n); /* garbage, as fresh device memory is */
+    if (*p) {
+        std::lock_guard<std::mutex> lk(g_dev_mu);
+        g_dev_allocs[(uintptr_t)*p] = n ? n : 1;
+    }
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void *p)
 {
+    if (p) {
+        std::lock_guard<std::mutex> lk(g_dev_mu);
+        g_dev_allocs.erase((uintptr_t)p);
+    }
     free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *ptr)
+{
+    memset(a, 0, sizeof *a);
+    a->type = cudaMemoryTypeUnregistered;
+    std::lock_guard<std::mutex> lk(g_dev_mu);
+    auto it = g_dev_allocs.upper_bound((uintptr_t)ptr);
+    if (it != g_dev_allocs.begin()) {
+        --it;
+        if ((uintptr_t)ptr < it->first + it->second) {
+            a->type = cudaMemoryTypeDevice;
+            a->device = 0;
+            a->devicePointer = (void *)ptr;
+        }
+    }
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind)
