@@ -1,6 +1,7 @@
 """Thin object wrappers over the C handles: layers, batches, cache views, forward."""
 
 import ctypes
+import os
 import threading
 from collections import OrderedDict
 from ctypes import byref, c_float, c_int32, c_int64
@@ -64,13 +65,31 @@ class Layer:
         key = backend or ""
         name = self._backend_cache.get(key)
         if name is None:
-            out = L.pa_backend_p()
-            L.check(lib.pa_backend_select(backend.encode() if backend else None, self.handle,
-                                          byref(out)),
-                    "backend selection" + (" (%r)" % backend if backend else ""))
-            name = lib.pa_backend_name(out).decode()
+            if not backend and not os.environ.get("PAGEDATTN_BACKEND"):
+                # Automatic choice among the host-memory backends: this package hands the
+                # library host arrays (numpy, CPU tensors), which a device backend cannot read.
+                name = self._first_host_backend()
+            else:
+                out = L.pa_backend_p()
+                L.check(lib.pa_backend_select(backend.encode() if backend else None,
+                                              self.handle, byref(out)),
+                        "backend selection" + (" (%r)" % backend if backend else ""))
+                name = lib.pa_backend_name(out).decode()
             self._backend_cache[key] = name
         return L.get_context(name)
+
+    def _first_host_backend(self):
+        reasons = []
+        for n in L.backend_names():
+            ok, why = L.backend_available(n)
+            if not ok or L.backend_memory(n) != L.PA_MEMORY_HOST:
+                continue
+            out = L.pa_backend_p()
+            if lib.pa_backend_select(n.encode(), self.handle, byref(out)) == 0:
+                return n
+            reasons.append("%s: %s" % (n, lib.pa_last_error().decode("utf-8", "replace")))
+        raise NotImplementedError("no host-memory backend supports this layer (%s)"
+                                  % "; ".join(reasons))
 
 
 _layer_cache = OrderedDict()

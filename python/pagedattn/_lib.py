@@ -392,6 +392,11 @@ def backend_available(name):
     return bool(ok), buf.value.decode("utf-8", "replace")
 
 
+def backend_memory(name):
+    """PA_MEMORY_HOST or PA_MEMORY_CUDA: where the backend `name` wants caches and tensors."""
+    return int(lib.pa_backend_memory(backend_handle(name)))
+
+
 class Context:
     """One opened backend (pa_context), with a lock: a context is used from one thread at a time."""
 

@@ -8,7 +8,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pagedattn  # noqa: E402
 
-BACKENDS = pagedattn.available_backends()
+# The backends this suite drives: those that read host memory (the package passes numpy
+# arrays and CPU tensors; a device backend such as cuda refuses them, checked in test_errors).
+BACKENDS = [b for b in pagedattn.available_backends()
+            if pagedattn._lib.backend_memory(b) == pagedattn._lib.PA_MEMORY_HOST]
 
 
 def pytest_report_header(config):

@@ -210,3 +210,23 @@ def test_with_kvcache_rejected_backend_writes_nothing(rng, causal):
                                    block_table=np.array([[0, 1]], np.int32), causal=causal,
                                    window_size=(1, 1), out=out, backend="no-such-backend")
     assert np.isnan(kc).all() and np.isnan(vc).all() and (out == 5.0).all()
+
+
+def test_device_backend_refuses_host_arrays(rng):
+    """A device backend (cuda, where it can run) given numpy arrays: ValueError with the reason,
+    the output untouched; the automatic choice never picks it for host arrays."""
+    from pagedattn import _lib
+    devs = [b for b in pa.available_backends() if _lib.backend_memory(b) != _lib.PA_MEMORY_HOST]
+    q, kc, vc = _paged(rng)
+    args = (q, kc, vc, 3, np.array([0, 3], np.int32), 8)
+    kw = dict(seqused_k=np.array([8], np.int32), causal=True,
+              block_table=np.array([[0, 1]], np.int32))
+    auto = pa.flash_attn_varlen_func(*args, **kw)  # automatic choice: a host backend
+    assert np.isfinite(auto).all()
+    if not devs:
+        pytest.skip("no device backend can run here")
+    out = np.full(q.shape, 7.0, np.float32)
+    with pytest.raises(ValueError) as e:
+        pa.flash_attn_varlen_func(*args, out=out, backend=devs[0], **kw)
+    assert "memory" in str(e.value)
+    assert (out == 7.0).all()

@@ -320,6 +320,37 @@ static void build_type_cases(void)
     push(c, "cross-empty");
 }
 
+/* Short queries over 16-bit and fp8 caches at head sizes 64/128/256: what a device backend's
+ * decode kernel takes (8-element vector loads, key streams, splits of long contexts), with each
+ * feature, every group size and tiles of 8 rows (spec decode at GQA 8). */
+static void build_decode_cases(void)
+{
+    gcase c = base_case();
+    c.D = 128, c.H = 16, c.Hkv = 4, c.cache = PA_DTYPE_BF16, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 1500, 4); /* 1500..1521 keys: split pieces of 512 with a short last one */
+    push(c, "decode");
+    c.bs = (pa_blocksparse){16, 2, 3, 0, 1, 0};
+    push(c, "decode");
+    c.bs = (pa_blocksparse){0, 0, 0, 0, 0, 0};
+    c.wl = 700, c.wr = 0, c.sinks = 1, c.alibi = 1;
+    push(c, "decode");
+    c = base_case();
+    c.D = 256, c.H = 4, c.Hkv = 4, c.cache = PA_DTYPE_F16, c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
+    c.softcap = 7.0f, c.qscale = 3.0f;
+    decode_only(&c, 2100, 3);
+    push(c, "decode");
+    c = base_case();
+    c.D = 128, c.H = 32, c.Hkv = 4, c.cache = PA_DTYPE_FP8_E5M2, c.kscale = 0.7f, c.vscale = 1.3f;
+    c.qd = c.kvd = c.outd = PA_DTYPE_BF16, c.B = 32;
+    c.nseq = 3; /* speculative decoding at GQA 8: 8-row tiles, two passes of 4 rows */
+    c.seqs[0] = (gseq){1300, 16, 0, 0};
+    c.seqs[1] = (gseq){60, 5, 0, 0};
+    c.seqs[2] = (gseq){3, 1, 0, 0};
+    push(c, "decode");
+    c.cache = PA_DTYPE_FP8_E4M3, c.layout = LAYOUT_HND, c.sw = 40;
+    push(c, "decode");
+}
+
 static uint64_t rng_next(uint64_t *s);
 
 /* Random combinations: every feature, dtype, layout and geometry drawn independently (seeded),
@@ -384,6 +415,7 @@ static void build_cases(void)
     build_feature_cases();
     build_batch_cases();
     build_type_cases();
+    build_decode_cases();
     build_random_cases();
 }
 

@@ -1,4 +1,4 @@
-/* cuda_attn.cu: the attention kernels of the cuda backend. UNVERIFIED ON HARDWARE.
+/* cuda_attn.cu: the attention kernels of the cuda backend.
  *
  * One simple, general kernel (SIMT, fp32 throughout) serves every attention type and feature,
  * so that correctness on first contact with a GPU does not depend on many paths:
@@ -26,8 +26,11 @@
  *   own lengths, so the output is bitwise independent of the batch around it. Sinks are added
  *   once, at the end (finalize or combine).
  *
- * Not yet here (perf, not correctness): tensor-core (mma.sync) prefill tiles, 16-byte
- * vectorized K/V loads, cp.async pipelining.
+ * Short queries (query_len <= 16) over a 16-bit or fp8 paged cache at head sizes 64/128/256
+ * take the decode kernel instead (below: registers straight from the cache, 16-byte loads, key
+ * streams merged in a fixed order); long queries can take the opt-in tensor-core tiles
+ * (PAGEDATTN_CUDA_MMA=1). Which kernel a sequence gets depends on the layer, the cache and the
+ * sequence's own query length, never on the rest of the batch.
  */
 #include "cuda_common.cuh"
 
@@ -615,6 +618,276 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     }
 }
 
+/* ---- decode tiles (short queries over a paged 16-bit or fp8 cache) ---------------------------
+ *
+ * Memory-bound work wants every K/V byte streamed once per KV head at full width, so this kernel
+ * reads the cache straight into registers (no shared-memory staging): a key row of D elements is
+ * split over D/8 lanes, 8 elements (16 bytes of f16/bf16, 8 of fp8) each; the block's 128
+ * threads form 128/(D/8) key streams that walk the tile's keys interleaved (stream s takes keys
+ * s, s + KS, ...), U keys per stream per step with every load issued before the first use. A
+ * step's scores come from the lane's 8-element partial dots reduced over the D/8 lanes by
+ * xor-shuffles; each stream keeps its own online softmax (m, l, acc) per row, rescaled once per
+ * step. At the end the streams' states are merged in stream order through shared memory:
+ * either finished (sinks, normalization, LSE) or written as the split's partial for the
+ * combine kernel, in the SIMT kernel's format. Rows are the same (token, head-in-group) tiles
+ * as the SIMT kernel's items, taken 4 at a time (a decode token of a GQA-4 layer: one pass).
+ * Masked keys add nothing, not even 0 * inf. The stream count, step and merge order are fixed,
+ * so a row's bits do not depend on the batch. */
+constexpr int DEC_NR = 4;      /* rows per pass */
+constexpr int DEC_U = 4;       /* keys per stream per step */
+constexpr int DEC_THREADS = 128;
+
+template <int CD>
+__device__ __forceinline__ uint4 dec_raw(const void *base, int64_t off)
+{
+    if (CD == PA_DTYPE_F16 || CD == PA_DTYPE_BF16)
+        return *(const uint4 *)((const uint16_t *)base + off);
+    const uint2 r = *(const uint2 *)((const uint8_t *)base + off);
+    return make_uint4(r.x, r.y, 0u, 0u);
+}
+
+/* Eight elements of a raw load as f32 (fp8 unscaled; exact). */
+template <int CD>
+__device__ __forceinline__ void dec_cvt(const uint4 &r, float (&x)[8])
+{
+    if (CD == PA_DTYPE_F16 || CD == PA_DTYPE_BF16) {
+        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (CD == PA_DTYPE_BF16) {
+                x[2 * i] = __uint_as_float(w[i] << 16);
+                x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                x[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+                x[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+            }
+        }
+    } else {
+        const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint8_t b = (uint8_t)(w[i >> 2] >> (8 * (i & 3)));
+            if (CD == PA_DTYPE_FP8_E5M2)
+                x[i] = __half2float(__ushort_as_half((unsigned short)((unsigned)b << 8)));
+            else
+                x[i] = pa_cu_e4m3_to_f32(b);
+        }
+    }
+}
+
+template <int D, int CD>
+__global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_constant__ pa_cu_attn_params P)
+{
+    constexpr int L = D / 8;                /* lanes per key row */
+    constexpr int KS = DEC_THREADS / L;     /* key streams */
+    constexpr int STEP = KS * DEC_U;        /* keys per block step */
+    PA_CU_STATIC_SMEM float sh_acc[KS][DEC_NR][D];
+    PA_CU_STATIC_SMEM float sh_w[KS][DEC_NR]; /* m, then the stream's merge weight */
+    PA_CU_STATIC_SMEM float sh_l[KS][DEC_NR];
+    PA_CU_STATIC_SMEM float sh_fin[DEC_NR][2]; /* merged M, L */
+
+    const pa_cu_item it = P.items[blockIdx.x];
+    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    const int tid = (int)threadIdx.x, stream = tid / L, sub = tid % L, d0 = sub * 8;
+    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
+    const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
+    /* positions and key indices fit in 32 bits (the batch builder caps lengths at INT32_MAX) */
+    const int c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+    const int ns = P.nsplit[s];
+    const int klo = ns == 1 ? 0 : it.split * P.split_len[s];
+    const int khi = ns == 1 ? kv_len : (int)min((int64_t)kv_len, (int64_t)klo + P.split_len[s]);
+    const float kmul = P.scale * (pa_cu_is_fp8(P.cache_dtype) ? P.k_scale : 1.f);
+    const float vmul = pa_cu_is_fp8(P.cache_dtype) ? P.v_scale : 1.f;
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    const uint32_t bs = (uint32_t)P.c_bs;
+    const int64_t head_off = (int64_t)hk * P.c_head + d0;
+
+    for (int64_t rg = it.row0; rg < tile_end; rg += DEC_NR) {
+        const int nr = (int)min((int64_t)DEC_NR, tile_end - rg);
+        float q[DEC_NR][8], m[DEC_NR], l[DEC_NR], acc[DEC_NR][8];
+        int rp[DEC_NR], rlo[DEC_NR], rhi[DEC_NR], rh[DEC_NR];
+        int kbeg = INT32_MAX, kend = 0;
+#pragma unroll
+        for (int r = 0; r < DEC_NR; r++) {
+            const bool rv = r < nr;
+            const int64_t row = rg + r, t = rv ? row / G : 0;
+            rh[r] = hk * G + (rv ? (int)(row - t * G) : 0);
+            rp[r] = c + (int)t;
+            int64_t lo64, hi64;
+            key_range(P, rp[r], kv_len, &lo64, &hi64);
+            rlo[r] = (int)max(lo64, (int64_t)klo);
+            rhi[r] = (int)min(hi64, (int64_t)khi);
+            if (!rv || rhi[r] < rlo[r]) rhi[r] = rlo[r]; /* sees nothing */
+            if (rhi[r] > rlo[r]) {
+                kbeg = min(kbeg, rlo[r]);
+                kend = max(kend, rhi[r]);
+            }
+            const int64_t qoff = (q0 + t) * P.q_rs + (int64_t)rh[r] * D + d0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[r][e] = rv ? pa_cu_load(P.q_dtype, P.q, qoff + e) : 0.f;
+            m[r] = -INFINITY;
+            l[r] = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][e] = 0.f;
+        }
+
+        for (int jb = kbeg; jb < kend; jb = kend - jb > STEP ? jb + STEP : kend) {
+            uint4 kr[DEC_U], vr[DEC_U];
+            int jj[DEC_U];
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) {
+                jj[u] = jb + u * KS + stream;
+                if (jj[u] < kend) {
+                    const uint32_t j32 = (uint32_t)jj[u];
+                    const int64_t blk = table[j32 / bs];
+                    const int64_t off = blk * P.c_block + (int64_t)(j32 % bs) * P.c_token + head_off;
+                    kr[u] = dec_raw<CD>(P.kc, off);
+                    vr[u] = dec_raw<CD>(P.vc, off);
+                } else {
+                    kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
+            float sc[DEC_U][DEC_NR];
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) {
+                float kx[8];
+                dec_cvt<CD>(kr[u], kx);
+#pragma unroll
+                for (int r = 0; r < DEC_NR; r++) {
+                    float dot = 0.f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) dot = fmaf(q[r][e], kx[e], dot);
+#pragma unroll
+                    for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                    const int j = jj[u];
+                    float x = -INFINITY;
+                    if (j >= rlo[r] && j < rhi[r] && blocksparse_visible(P, rh[r], rp[r], j)) {
+                        x = dot * kmul;
+                        if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
+                        if (P.has_alibi) {
+                            const int dist = j > rp[r] ? j - rp[r] : rp[r] - j;
+                            x -= P.alibi[rh[r]] * (float)dist;
+                        }
+                    }
+                    sc[u][r] = x;
+                }
+            }
+            float (&pr)[DEC_U][DEC_NR] = sc; /* probabilities replace the scores */
+#pragma unroll
+            for (int r = 0; r < DEC_NR; r++) {
+                float mx = m[r];
+#pragma unroll
+                for (int u = 0; u < DEC_U; u++) mx = fmaxf(mx, sc[u][r]);
+                const float alpha = mx == -INFINITY ? 1.f : expf(m[r] - mx); /* m = -inf: 0 */
+                float psum = 0.f;
+#pragma unroll
+                for (int u = 0; u < DEC_U; u++) {
+                    pr[u][r] = sc[u][r] == -INFINITY ? 0.f : expf(sc[u][r] - mx);
+                    psum += pr[u][r];
+                }
+                l[r] = l[r] * alpha + psum;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][e] *= alpha;
+                m[r] = mx;
+            }
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) {
+                float vx[8];
+                dec_cvt<CD>(vr[u], vx);
+#pragma unroll
+                for (int r = 0; r < DEC_NR; r++) {
+                    const float p = pr[u][r];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][e] = p != 0.f ? fmaf(p, vx[e], acc[r][e]) : acc[r][e];
+                }
+            }
+        }
+
+        /* Merge the streams in stream order. */
+        __syncthreads(); /* the previous pass's readers are done */
+#pragma unroll
+        for (int r = 0; r < DEC_NR; r++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) sh_acc[stream][r][d0 + e] = acc[r][e] * vmul;
+            if (sub == 0) {
+                sh_w[stream][r] = m[r];
+                sh_l[stream][r] = l[r];
+            }
+        }
+        __syncthreads();
+        if (tid < nr) {
+            const int r = tid;
+            float M = -INFINITY, Ls = 0.f;
+            for (int k = 0; k < KS; k++) M = fmaxf(M, sh_w[k][r]);
+            for (int k = 0; k < KS; k++) {
+                const float mk = sh_w[k][r];
+                const float w = mk == -INFINITY ? 0.f : expf(mk - M);
+                sh_w[k][r] = w;
+                Ls += sh_l[k][r] * w;
+            }
+            sh_fin[r][0] = M;
+            sh_fin[r][1] = Ls;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < nr * D; idx += DEC_THREADS) {
+            const int r = idx / D, d = idx - r * D;
+            float o = 0.f;
+            for (int k = 0; k < KS; k++) {
+                const float w = sh_w[k][r];
+                if (w != 0.f) o += sh_acc[k][r][d] * w;
+            }
+            const int64_t row = rg + r, t = row / G;
+            const int h = hk * G + (int)(row - t * G);
+            float mm = sh_fin[r][0], ll = sh_fin[r][1];
+            if (ns == 1) {
+                float a = 1.f;
+                if (P.has_sinks) {
+                    const float sink = P.sinks[h];
+                    const float M2 = fmaxf(mm, sink);
+                    a = mm == -INFINITY ? 0.f : expf(mm - M2);
+                    ll = ll * a + expf(sink - M2);
+                    mm = M2;
+                }
+                const bool empty = !(ll > 0.f);
+                pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
+                            empty ? 0.f : o * (a / ll));
+                if (P.lse && d == 0)
+                    P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : mm + logf(ll);
+            } else {
+                const int64_t part = P.part_base[s] + (t * P.num_heads + h) * ns + it.split;
+                P.ws_acc[part * D + d] = o;
+                if (d == 0) {
+                    P.ws_ml[2 * part] = mm;
+                    P.ws_ml[2 * part + 1] = ll;
+                }
+            }
+        }
+    }
+}
+
+/* The decode kernel for (head size, cache dtype), or NULL when it has none. */
+typedef void (*dec_fn)(const pa_cu_attn_params);
+template <int D>
+dec_fn dec_pick_dtype(int cd)
+{
+    switch (cd) {
+    case PA_DTYPE_F16: return decode_kernel<D, PA_DTYPE_F16>;
+    case PA_DTYPE_BF16: return decode_kernel<D, PA_DTYPE_BF16>;
+    case PA_DTYPE_FP8_E4M3: return decode_kernel<D, PA_DTYPE_FP8_E4M3>;
+    case PA_DTYPE_FP8_E5M2: return decode_kernel<D, PA_DTYPE_FP8_E5M2>;
+    default: return nullptr;
+    }
+}
+dec_fn dec_pick(int head_size, int cd)
+{
+    switch (head_size) {
+    case 64: return dec_pick_dtype<64>(cd);
+    case 128: return dec_pick_dtype<128>(cd);
+    case 256: return dec_pick_dtype<256>(cd);
+    default: return nullptr;
+    }
+}
+
 typedef void (*attn_fn)(const pa_cu_attn_params);
 
 /* Head-size buckets: registers per lane = ceil(head_size / 32) rounded up to one of these. */
@@ -655,13 +928,29 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
     if (!b) return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: head_size %d > 512", p->head_size);
     const bool mma = plan->mma_ok && p->q_dtype == p->cache_dtype &&
                      (p->cache_dtype == PA_DTYPE_F16 || p->cache_dtype == PA_DTYPE_BF16);
-    const int64_t n_simt = mma ? plan->num_small : plan->num_items;
-    if (n_simt > INT32_MAX || plan->num_mitems > INT32_MAX)
+    /* The decode kernel takes the short-query tiles when the cache allows 8-element loads and
+     * it has the head size and cache dtype; a property of the layer and cache, never of the
+     * batch, so a sequence's bits never depend on what else is in the batch. */
+    const bool from_cache = p->attn_type == PA_ATTN_DECODER || p->attn_type == PA_ATTN_ENCODER_DECODER;
+    const dec_fn dec = from_cache && p->vec8 && p->tables && !ctx->no_decode_kernel
+                           ? dec_pick(p->head_size, p->cache_dtype)
+                           : nullptr;
+    const int64_t n_dec = dec ? plan->num_small : 0;
+    const pa_cu_item *simt_items = plan->items + n_dec;
+    const int64_t n_simt = (mma ? plan->num_small : plan->num_items) - n_dec;
+    if (n_simt > INT32_MAX || plan->num_mitems > INT32_MAX || n_dec > INT32_MAX)
         return pa__fail(PA_STATUS_UNSUPPORTED, "cuda: %lld work items exceed one grid",
-                        (long long)n_simt);
+                        (long long)plan->num_items);
+    if (n_dec > 0) {
+        pa_cu_attn_params pd = *p;
+        pd.items = plan->small_items;
+        dim3 grid((unsigned)n_dec, (unsigned)p->num_kv_heads);
+        PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
+        PA_CU_CHECK_LAUNCH("decode kernel");
+    }
     if (n_simt > 0) {
         pa_cu_attn_params ps = *p;
-        ps.items = mma ? plan->small_items : plan->items;
+        ps.items = simt_items;
         dim3 grid((unsigned)n_simt, (unsigned)p->num_kv_heads);
         PA_CU_LAUNCH(b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
         PA_CU_CHECK_LAUNCH("attention kernel");

@@ -127,6 +127,7 @@ typedef struct pa_cu_ctx {
     void *scratch_host;
     size_t scratch_host_cap;
     bool use_mma; /* PAGEDATTN_CUDA_MMA=1 at context creation: tensor-core prefill tiles */
+    bool no_decode_kernel; /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel */
 } pa_cu_ctx;
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
@@ -159,10 +160,12 @@ typedef struct pa_cu_plan {
     const int64_t *slots; /* [num_slots] write slots (decoder: per token; enc-dec: per encoder
                              token), or NULL */
     int64_t num_slots;
-    const pa_cu_item *items; /* every sequence, SIMT tiles */
+    /* every sequence as SIMT tiles: the short-query (query_len <= PA_CU_SPLIT_MAX_Q) ones
+     * first, num_small of them (small_items == items), then the others */
+    const pa_cu_item *items;
     int64_t num_items;
-    /* mma_ok: the same work as SIMT tiles of the short-query sequences (small_items) plus
-     * tensor-core tiles of PA_CU_MMA_ROWS rows of the others (mitems) */
+    /* mma_ok: the long-query sequences also as tensor-core tiles of PA_CU_MMA_ROWS rows
+     * (mitems, after the SIMT list) */
     bool mma_ok;
     const pa_cu_item *small_items, *mitems;
     int64_t num_small, num_mitems;

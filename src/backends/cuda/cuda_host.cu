@@ -127,6 +127,9 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
     {
         const char *e = getenv("PAGEDATTN_CUDA_MMA");
         ctx->use_mma = e && e[0] == '1';
+        /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel too (for A/B runs) */
+        const char *d = getenv("PAGEDATTN_CUDA_DECODE");
+        ctx->no_decode_kernel = d && d[0] == '0';
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -292,12 +295,10 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
         split_rule(q, kvl[s], &nsplit[s], &split_len[s]);
         const int64_t tiles = (q * G + PA_CU_TILE_ROWS - 1) / PA_CU_TILE_ROWS;
         num_items += tiles * nsplit[s];
-        if (mma_ok) {
-            if (q > PA_CU_SPLIT_MAX_Q)
-                num_mitems += (q * G + PA_CU_MMA_ROWS - 1) / PA_CU_MMA_ROWS;
-            else
-                num_small += tiles * nsplit[s];
-        }
+        if (q <= PA_CU_SPLIT_MAX_Q)
+            num_small += tiles * nsplit[s];
+        else if (mma_ok)
+            num_mitems += (q * G + PA_CU_MMA_ROWS - 1) / PA_CU_MMA_ROWS;
         if (nsplit[s] > 1) {
             num_comb += q;
             num_parts += q * H * nsplit[s];
@@ -314,7 +315,7 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     const size_t o_tab = off; off = align16(off + (size_t)S * (size_t)table_stride * 4);
     const size_t o_slots = off; off = align16(off + (size_t)num_slots * 8);
     const size_t o_items = off;
-    off = align16(off + (size_t)(num_items + num_small + num_mitems) * sizeof(pa_cu_item));
+    off = align16(off + (size_t)(num_items + num_mitems) * sizeof(pa_cu_item));
     const size_t o_comb = off; off = align16(off + (size_t)num_comb * sizeof(pa_cu_comb));
     const size_t total = off;
 
@@ -344,29 +345,12 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     pa_cu_item *items = (pa_cu_item *)(h + o_items);
     pa_cu_comb *comb = (pa_cu_comb *)(h + o_comb);
     int64_t ni = 0, nc = 0;
-    for (int32_t s = 0; s < S; s++) {
-        const int64_t q = md->query_lens[s];
-        for (int64_t r = 0; r < q * G; r += PA_CU_TILE_ROWS)
-            for (int32_t sp = 0; sp < nsplit[s]; sp++) {
-                items[ni].seq = s;
-                items[ni].row0 = (int32_t)r;
-                items[ni].split = sp;
-                items[ni].pad_ = 0;
-                ni++;
-            }
-        if (nsplit[s] > 1)
-            for (int64_t t = 0; t < q; t++) {
-                comb[nc].seq = s;
-                comb[nc].token = (int32_t)t;
-                nc++;
-            }
-    }
-    if (mma_ok) {
-        /* after the full SIMT list: the SIMT items of short-query sequences, then the tensor-core
-         * tiles of the others */
+    /* SIMT tiles: those of the short-query sequences first (num_small of them: the decode
+     * kernel can take these), then the others */
+    for (int pass = 0; pass < 2; pass++)
         for (int32_t s = 0; s < S; s++) {
             const int64_t q = md->query_lens[s];
-            if (q > PA_CU_SPLIT_MAX_Q) continue;
+            if ((q <= PA_CU_SPLIT_MAX_Q) != (pass == 0)) continue;
             for (int64_t r = 0; r < q * G; r += PA_CU_TILE_ROWS)
                 for (int32_t sp = 0; sp < nsplit[s]; sp++) {
                     items[ni].seq = s;
@@ -376,6 +360,15 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
                     ni++;
                 }
         }
+    for (int32_t s = 0; s < S; s++)
+        if (nsplit[s] > 1)
+            for (int64_t t = 0; t < md->query_lens[s]; t++) {
+                comb[nc].seq = s;
+                comb[nc].token = (int32_t)t;
+                nc++;
+            }
+    if (mma_ok) {
+        /* after the SIMT list: the tensor-core tiles of the long-query sequences */
         for (int32_t s = 0; s < S; s++) {
             const int64_t q = md->query_lens[s];
             if (q <= PA_CU_SPLIT_MAX_Q) continue;
@@ -439,8 +432,8 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     p->tables = table_stride ? (const int32_t *)(d + o_tab) : NULL;
     p->slots = num_slots ? (const int64_t *)(d + o_slots) : NULL;
     p->items = (const pa_cu_item *)(d + o_items);
-    p->small_items = p->items + num_items;
-    p->mitems = p->items + num_items + num_small;
+    p->small_items = p->items;
+    p->mitems = p->items + num_items;
     p->comb = (const pa_cu_comb *)(d + o_comb);
     *out = p;
     return PA_STATUS_OK;

@@ -5,8 +5,8 @@
 # Phases: configure + build with PAGEDATTN_CUDA=ON (Release; CUDA_ARCHS, default 90), `pagedattn
 # info`; the correctness tests in parallel (ops, splits, the whole case grid against the
 # reference, each also with the opt-in tensor-core path); compute-sanitizer memcheck and racecheck
-# in parallel (ops test, grid slices); then, alone on the GPU, the speed runs (cuda_bench: copy
-# bandwidth, decode, prefill, CUDA-graph capture; PyTorch SDPA on the prefill shape). Each step is
+# in parallel (ops test, grid slices); then, alone on the GPU, the speed runs (`pagedattn bench
+# --backend cuda`: copy bandwidth, decode, prefill, CUDA-graph capture, PyTorch SDPA). Each step is
 # time-boxed; a failed step is reported and the script goes on; the summary table comes last.
 # Exit status: number of failed steps.
 set -u
@@ -31,7 +31,7 @@ step() { # step NAME TIMEOUT_S CMD...   (result line in $LOGS/NAME.sum)
     local verdict=ok
     if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ]; then verdict=TIMEOUT;
     elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
-    printf '%-16s %-12s %4ss  %s\n' "$name" "$verdict" "$t" "$(grep -E 'failures|RESULT|TFLOP|checks' "$LOGS/$name.log" | tail -1 | cut -c1-90)" >"$LOGS/$name.sum"
+    printf '%-16s %-12s %4ss  %s\n' "$name" "$verdict" "$t" "$(grep -E 'failures|SDPA|checks|passed|failed' "$LOGS/$name.log" | tail -1 | cut -c1-90)" >"$LOGS/$name.sum"
     echo "[$(( $(date +%s) - T0 ))s] $(cat "$LOGS/$name.sum")"
     return $rc
 }
@@ -73,42 +73,27 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_MMA=1 step memcheck_mma 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
     PAGEDATTN_CUDA_MMA=1 step racecheck_mma 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
+    step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
     echo "compute-sanitizer not found" >"$LOGS/sanitizer.log"
     printf '%-16s %-12s\n' sanitizer "FAIL(not found)" >"$LOGS/sanitizer.sum"
 fi
 
-# Phase 3: speed, alone on the GPU.
-CUDA_LIB=$(dirname "$(command -v nvcc)")/../lib64
-gcc -std=c11 -O2 -Iinclude -I"$(dirname "$(command -v nvcc)")/../include" src/backends/cuda/bench/cuda_bench.c \
-    "$BUILD/libpagedattn.a" "$CUDA_LIB/libcudart_static.a" -ldl -lrt -lpthread -lm -o "$BUILD/cuda_bench" \
-    >"$LOGS/cuda_bench_build.log" 2>&1 || echo "cuda_bench did not build (see $LOGS/cuda_bench_build.log)"
-step cuda_bench 90 "$BUILD/cuda_bench"
-PAGEDATTN_CUDA_MMA=1 step cuda_bench_mma 90 "$BUILD/cuda_bench"
-cat >"$BUILD/sdpa.py" <<'PY'
-import torch, torch.nn.functional as F
-S, H, HKV, D = 4096, 32, 8, 128
-q = torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16)
-k = torch.randn(1, HKV, S, D, device="cuda", dtype=torch.bfloat16).repeat_interleave(H // HKV, 1)
-v = torch.randn(1, HKV, S, D, device="cuda", dtype=torch.bfloat16).repeat_interleave(H // HKV, 1)
-try:
-    from torch.nn.attention import sdpa_kernel, SDPBackend
-    ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION)
-except Exception:
-    ctx = torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)
-with ctx:
-    for _ in range(3): F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ts = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); F.scaled_dot_product_attention(q, k, v, is_causal=True); b.record()
-        torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-ms = sorted(ts)[len(ts) // 2]
-fl = 4.0 * (S * (S + 1) / 2) * D * H
-print(f"sdpa flash prefill {S} causal bf16 {H}/{HKV}x{D}: {ms:.3f} ms -> {fl / ms / 1e9:.2f} TFLOP/s")
-PY
-step sdpa 60 python3 "$BUILD/sdpa.py"
+# Phase 3: speed, alone on the GPU: `pagedattn bench --backend cuda` (copy bandwidth, decode
+# 64 x 4096 in bf16/f16/fp8, prefill 4096 causal beside PyTorch SDPA, CUDA-graph replay check),
+# as shipped, with the tensor-core prefill tiles, and with decode on the SIMT kernel (A/B).
+step bench 120 "$CLI" bench --backend cuda
+PAGEDATTN_CUDA_MMA=1 step bench_mma 120 "$CLI" bench --backend cuda
+PAGEDATTN_CUDA_DECODE=0 step bench_simt 120 "$CLI" bench --backend cuda
+# Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
+# (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
+if command -v ncu >/dev/null 2>&1; then
+    step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 \
+        --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section LaunchStats "$CLI" bench --backend cuda
+fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
     step pytest 120 python3 -m pytest -q -rf --maxfail=30 -p no:cacheprovider python/tests
