@@ -12,8 +12,9 @@
  *             output must give eager mode's output bit for bit (forward may not allocate, copy
  *             from the host or synchronize).
  * Timing: CUDA events on the context's stream, warm-up first, min/median/max of the repeats.
- * Environment read by the backend at context creation: PAGEDATTN_CUDA_MMA=1 (tensor-core
- * prefill tiles), PAGEDATTN_CUDA_DECODE=0 (short queries on the general SIMT kernel). */
+ * Environment read by the backend at context creation (for A/B runs): PAGEDATTN_CUDA_MMA=0
+ * (long queries without tensor cores), PAGEDATTN_CUDA_DECODE=0 (short queries on the general
+ * SIMT kernel) or =simt (the decode kernel without tensor cores). */
 #define _GNU_SOURCE
 #include "tool.h"
 
@@ -332,8 +333,8 @@ int pa_tool_bench_cuda(int quick, int repeats, int json)
     if (!json) {
         printf("pagedattn %s bench, cuda backend on %s (sm_%d%d, %d SMs)%s%s%s\n", pa_version_string(),
                prop.name, prop.major, prop.minor, prop.multiProcessorCount, quick ? ", --quick" : "",
-               mma && mma[0] == '1' ? ", PAGEDATTN_CUDA_MMA=1" : "",
-               dec && dec[0] == '0' ? ", PAGEDATTN_CUDA_DECODE=0" : "");
+               mma && mma[0] == '0' ? ", PAGEDATTN_CUDA_MMA=0" : "",
+               dec && dec[0] == '0' ? ", PAGEDATTN_CUDA_DECODE=0" : dec && !strcmp(dec, "simt") ? ", PAGEDATTN_CUDA_DECODE=simt" : "");
         printf("copy bandwidth (device to device, %zu MiB, read + write): %.1f GB/s "
                "(min/median/max %.3f/%.3f/%.3f ms)\n\n", cb >> 20, copy_bw / 1e9, copy.min, copy.med, copy.max);
         printf("decode: KV bytes read / median time, frac = that over the copy bandwidth (target >= 80%% "

@@ -28,8 +28,9 @@
  *
  * Short queries (query_len <= 16) over a 16-bit or fp8 paged cache at head sizes 64/128/256
  * take the decode kernel instead (below: registers straight from the cache, 16-byte loads, key
- * streams merged in a fixed order); long queries can take the opt-in tensor-core tiles
- * (PAGEDATTN_CUDA_MMA=1). Which kernel a sequence gets depends on the layer, the cache and the
+ * streams merged in a fixed order, on tensor cores when q and the cache share a 16-bit dtype);
+ * long queries with 16-bit q and cache at head size 64/128 take the tensor-core tiles
+ * (PAGEDATTN_CUDA_MMA=0 turns those off). Which kernel a sequence gets depends on the layer, the cache and the
  * sequence's own query length, never on the rest of the batch.
  */
 #include "cuda_common.cuh"
@@ -372,7 +373,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa
         P.lse[token * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : M + logf(L);
 }
 
-/* ---- tensor-core tiles (opt-in: PAGEDATTN_CUDA_MMA=1) ----------------------------------------
+/* ---- tensor-core tiles (long queries; PAGEDATTN_CUDA_MMA=0 turns them off) -------------------
  * FlashAttention-2 style with mma.sync m16n8k16 (f16 or bf16 in, f32 accumulate), for
  * sequences with query_len > 16, head sizes 64 and 128, q and cache both f16 or both bf16.
  * 4 warps x 16 rows; keys in chunks of 32 (same alignment as the SIMT kernel) staged in shared
@@ -422,12 +423,12 @@ __device__ inline void mma16816(float (&c)[4], const uint32_t (&a)[4], const uin
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16)
 {
     if (bf16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -492,17 +493,37 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     for (int64_t kb = chunk0; kb < kend; kb += PA_CU_KCHUNK) {
         const int nk = (int)min((int64_t)PA_CU_KCHUNK, kend - kb);
         __syncthreads();
-        for (int e = tid; e < PA_CU_KCHUNK * (D / 2); e += blockDim.x) {
-            const int k = e / (D / 2), d = (e - k * (D / 2)) * 2;
-            uint16_t k0 = 0, k1 = 0, v0 = 0, v1 = 0;
-            if (k < nk) {
-                const int64_t j = kb + k;
-                const int64_t blk = P.tables[(int64_t)s * P.table_stride + j / P.c_bs];
-                const int64_t off = blk * P.c_block + (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
-                k0 = kc[off], k1 = kc[off + 1], v0 = vc[off], v1 = vc[off + 1];
+        if (P.vec8) {
+            /* 16-byte loads and stores (the host checked strides and alignment), one block-table
+             * lookup per 8 elements, 32-bit index arithmetic */
+            const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+            const int bs = P.c_bs, kb32 = (int)kb;
+            for (int e = tid; e < PA_CU_KCHUNK * (D / 8); e += blockDim.x) {
+                const int k = e / (D / 8), d = (e - k * (D / 8)) * 8;
+                uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
+                if (k < nk) {
+                    const int j = kb32 + k;
+                    const int64_t off = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token +
+                                        (int64_t)hk * P.c_head + d;
+                    kx = *(const uint4 *)(kc + off);
+                    vx = *(const uint4 *)(vc + off);
+                }
+                *(uint4 *)(Ksh + k * KS + d) = kx;
+                *(uint4 *)(Vsh + k * KS + d) = vx;
             }
-            Ksh[k * KS + d] = k0, Ksh[k * KS + d + 1] = k1;
-            Vsh[k * KS + d] = v0, Vsh[k * KS + d + 1] = v1;
+        } else {
+            for (int e = tid; e < PA_CU_KCHUNK * (D / 2); e += blockDim.x) {
+                const int k = e / (D / 2), d = (e - k * (D / 2)) * 2;
+                uint16_t k0 = 0, k1 = 0, v0 = 0, v1 = 0;
+                if (k < nk) {
+                    const int64_t j = kb + k;
+                    const int64_t blk = P.tables[(int64_t)s * P.table_stride + j / P.c_bs];
+                    const int64_t off = blk * P.c_block + (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
+                    k0 = kc[off], k1 = kc[off + 1], v0 = vc[off], v1 = vc[off + 1];
+                }
+                Ksh[k * KS + d] = k0, Ksh[k * KS + d + 1] = k1;
+                Vsh[k * KS + d] = v0, Vsh[k * KS + d + 1] = v1;
+            }
         }
         __syncthreads();
 
@@ -514,8 +535,8 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
             const uint16_t *krow = Ksh + (nt * 8 + g) * KS;
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
-                const int d = ks * 16 + 2 * t4;
-                const uint32_t b[2] = {pack16(krow[d], krow[d + 1]), pack16(krow[d + 8], krow[d + 9])};
+                const int d = ks * 16 + 2 * t4; /* even: 4-byte aligned pairs */
+                const uint32_t b[2] = {*(const uint32_t *)(krow + d), *(const uint32_t *)(krow + d + 8)};
                 mma16816(sc[nt], qa[ks], b, bf16);
             }
         }
@@ -675,6 +696,65 @@ __device__ __forceinline__ void dec_cvt(const uint4 &r, float (&x)[8])
     }
 }
 
+/* The end of a decode tile: KS key streams' states (acc[k][r][d] unnormalized, w[k][r] = m,
+ * lsum[k][r] = l) merged in stream order, then either finished (sinks once, normalized, LSE)
+ * or written as split `split`'s partial for the combine kernel. Called by the whole block after
+ * a barrier that follows the writes of acc, w and lsum; rows rg .. rg + nr - 1. */
+template <int D, int KS, int NR>
+__device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D], float (*w)[NR],
+                                float (*lsum)[NR], float (*fin)[2], int nr, int64_t rg, int hk,
+                                int s, int64_t q0, int ns, int split)
+{
+    const int tid = (int)threadIdx.x, G = P.group;
+    if (tid < nr) {
+        const int r = tid;
+        float M = -INFINITY, Ls = 0.f;
+        for (int k = 0; k < KS; k++) M = fmaxf(M, w[k][r]);
+        for (int k = 0; k < KS; k++) {
+            const float mk = w[k][r];
+            const float wk = mk == -INFINITY ? 0.f : expf(mk - M);
+            w[k][r] = wk;
+            Ls += lsum[k][r] * wk;
+        }
+        fin[r][0] = M;
+        fin[r][1] = Ls;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nr * D; idx += (int)blockDim.x) {
+        const int r = idx / D, d = idx - r * D;
+        float o = 0.f;
+        for (int k = 0; k < KS; k++) {
+            const float wk = w[k][r];
+            if (wk != 0.f) o += acc[k][r][d] * wk;
+        }
+        const int64_t row = rg + r, t = row / G;
+        const int h = hk * G + (int)(row - t * G);
+        float mm = fin[r][0], ll = fin[r][1];
+        if (ns == 1) {
+            float a = 1.f;
+            if (P.has_sinks) {
+                const float sink = P.sinks[h];
+                const float M2 = fmaxf(mm, sink);
+                a = mm == -INFINITY ? 0.f : expf(mm - M2);
+                ll = ll * a + expf(sink - M2);
+                mm = M2;
+            }
+            const bool empty = !(ll > 0.f);
+            pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
+                        empty ? 0.f : o * (a / ll));
+            if (P.lse && d == 0)
+                P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : mm + logf(ll);
+        } else {
+            const int64_t part = P.part_base[s] + (t * P.num_heads + h) * ns + split;
+            P.ws_acc[part * D + d] = o;
+            if (d == 0) {
+                P.ws_ml[2 * part] = mm;
+                P.ws_ml[2 * part + 1] = ll;
+            }
+        }
+    }
+}
+
 template <int D, int CD>
 __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
@@ -815,54 +895,199 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
             }
         }
         __syncthreads();
-        if (tid < nr) {
-            const int r = tid;
-            float M = -INFINITY, Ls = 0.f;
-            for (int k = 0; k < KS; k++) M = fmaxf(M, sh_w[k][r]);
-            for (int k = 0; k < KS; k++) {
-                const float mk = sh_w[k][r];
-                const float w = mk == -INFINITY ? 0.f : expf(mk - M);
-                sh_w[k][r] = w;
-                Ls += sh_l[k][r] * w;
-            }
-            sh_fin[r][0] = M;
-            sh_fin[r][1] = Ls;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < nr * D; idx += DEC_THREADS) {
-            const int r = idx / D, d = idx - r * D;
-            float o = 0.f;
-            for (int k = 0; k < KS; k++) {
-                const float w = sh_w[k][r];
-                if (w != 0.f) o += sh_acc[k][r][d] * w;
-            }
-            const int64_t row = rg + r, t = row / G;
-            const int h = hk * G + (int)(row - t * G);
-            float mm = sh_fin[r][0], ll = sh_fin[r][1];
-            if (ns == 1) {
-                float a = 1.f;
-                if (P.has_sinks) {
-                    const float sink = P.sinks[h];
-                    const float M2 = fmaxf(mm, sink);
-                    a = mm == -INFINITY ? 0.f : expf(mm - M2);
-                    ll = ll * a + expf(sink - M2);
-                    mm = M2;
-                }
-                const bool empty = !(ll > 0.f);
-                pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
-                            empty ? 0.f : o * (a / ll));
-                if (P.lse && d == 0)
-                    P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : mm + logf(ll);
-            } else {
-                const int64_t part = P.part_base[s] + (t * P.num_heads + h) * ns + it.split;
-                P.ws_acc[part * D + d] = o;
-                if (d == 0) {
-                    P.ws_ml[2 * part] = mm;
-                    P.ws_ml[2 * part + 1] = ll;
-                }
-            }
+        dec_merge_store<D, KS, DEC_NR>(P, sh_acc, sh_w, sh_l, sh_fin, nr, rg, hk, s, q0, ns, it.split);
+    }
+}
+
+/* ---- tensor-core decode tiles (16-bit cache, q of the same dtype, head size 64 or 128) -----
+ *
+ * The same work items and results as decode_kernel, with the arithmetic on mma.sync so that a
+ * warp spends its time waiting for memory, not computing: the tile's 8 rows are rows 0-7 of an
+ * m16n8k16 product (rows 8-15 idle), each warp walks steps of 16 keys (warp w takes steps w,
+ * w + 4, ...), and every K and V element reaches the lane that needs it as part of a 16-byte
+ * load. That works because a sum does not care about the order of its terms: in S = Q K^T the
+ * head dims of each 16-wide mma step are a permutation of real dims (lane quad t4 supplies real
+ * dims 32c + 8t4 .. + 8, the same permutation applied to Q's fragments), and in O += P V the
+ * mma's output column n of lane group g is real dim (D/8) g + n, so lane group g loads its
+ * D/8 contiguous dims of the four keys its quad position t4 needs. P is rounded to the cache
+ * dtype before P V (allowed by the contract). The warps' states merge in warp order. */
+template <int D, int CD>
+__global__ void __launch_bounds__(DEC_THREADS) decode_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
+{
+    constexpr int NT = D / 8;  /* P V n-tiles; lane group g owns real dims [NT g, NT g + NT) */
+    constexpr int KC = D / 32; /* 16-byte K loads per key row (8 dims each) */
+    constexpr int VW = NT / 8; /* 16-byte V loads per key row (the lane group's NT dims) */
+    constexpr int NW = DEC_THREADS / 32;
+    constexpr bool BF = CD == PA_DTYPE_BF16;
+    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
+    PA_CU_STATIC_SMEM float sh_w[NW][8];
+    PA_CU_STATIC_SMEM float sh_l[NW][8];
+    PA_CU_STATIC_SMEM float sh_fin[8][2];
+
+    const pa_cu_item it = P.items[blockIdx.x];
+    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
+    const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
+    const int nr = (int)(tile_end - it.row0);
+    const int c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+    const int ns = P.nsplit[s];
+    const int klo = ns == 1 ? 0 : it.split * P.split_len[s];
+    const int khi = ns == 1 ? kv_len : (int)min((int64_t)kv_len, (int64_t)klo + P.split_len[s]);
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    const int bs = P.c_bs;
+    const int64_t head_off = (int64_t)hk * P.c_head;
+    const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+
+    /* this lane's row: g (rows 8-15 of the mma tile stay empty) */
+    const bool rv = g < nr;
+    const int64_t t = rv ? (it.row0 + g) / G : 0;
+    const int h = hk * G + (rv ? (int)(it.row0 + g - t * G) : 0);
+    const int rp = c + (int)t;
+    int rlo, rhi;
+    {
+        int64_t lo64, hi64;
+        key_range(P, rp, kv_len, &lo64, &hi64);
+        rlo = (int)max(lo64, (int64_t)klo);
+        rhi = (int)min(hi64, (int64_t)khi);
+        if (!rv || rhi < rlo) rhi = rlo;
+    }
+    int kbeg = rhi > rlo ? rlo : INT32_MAX, kend = rhi > rlo ? rhi : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        kbeg = min(kbeg, __shfl_xor_sync(0xffffffffu, kbeg, o));
+        kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, o));
+    }
+
+    /* Q fragments a0 (row g, real dims d, d+1) and a2 (d+2, d+3), d = 32c + 8t4 + 4 half */
+    uint32_t qa[D / 16][2];
+    {
+        const uint16_t *qb = (const uint16_t *)P.q + (q0 + t) * P.q_rs + (int64_t)h * D;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const int d = 32 * (ks >> 1) + 8 * t4 + 4 * (ks & 1);
+            qa[ks][0] = rv ? pack16(qb[d], qb[d + 1]) : 0u;
+            qa[ks][1] = rv ? pack16(qb[d + 2], qb[d + 3]) : 0u;
         }
     }
+    float o[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m = -INFINITY, l = 0.f; /* l: this lane's part of row g's sum */
+    const float kmul = P.scale;
+
+    const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
+    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
+        /* K rows jb + g (S tile 0) and jb + 8 + g (tile 1): dims 32c + 8t4 .. + 8 */
+        uint4 kr[2][KC];
+#pragma unroll
+        for (int T = 0; T < 2; T++) {
+            const int j = jb + 8 * T + g;
+            if (j >= kbeg && j < kend) {
+                const int64_t base = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token + head_off + 8 * t4;
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
+            } else {
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) kr[T][cc] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        /* V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}: real dims [NT g, NT g + NT) */
+        uint4 vr[4][VW];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
+            if (j >= kbeg && j < kend) {
+                const int64_t base = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token + head_off + NT * g;
+#pragma unroll
+                for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
+            } else {
+#pragma unroll
+                for (int w = 0; w < VW; w++) vr[i][w] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+
+        /* S = Q K^T for the two tiles of 8 keys */
+        float sc[2][4];
+#pragma unroll
+        for (int T = 0; T < 2; T++) {
+            sc[T][0] = sc[T][1] = sc[T][2] = sc[T][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                const uint4 &r = kr[T][ks >> 1];
+                const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
+                const uint32_t b[2] = {(ks & 1) ? r.z : r.x, (ks & 1) ? r.w : r.y};
+                mma16816(sc[T], a, b, BF);
+            }
+        }
+        /* row g's scores of keys jb + 2t4 + {0, 1, 8, 9} -> probabilities */
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = jb + 8 * (e >> 1) + 2 * t4 + (e & 1);
+            float v = -INFINITY;
+            if (j >= rlo && j < rhi && blocksparse_visible(P, h, rp, j)) {
+                v = sc[e >> 1][e & 1] * kmul;
+                if (P.softcap > 0.f) v = P.softcap * tanhf(v / P.softcap);
+                if (P.has_alibi) v -= P.alibi[h] * (float)(j > rp ? j - rp : rp - j);
+            }
+            x[e] = v;
+        }
+        float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        const float alpha = m_new == -INFINITY ? 1.f : expf(m - m_new); /* m = -inf: 0 */
+        uint16_t p16[4];
+        float psum = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = x[e] == -INFINITY ? 0.f : expf(x[e] - m_new);
+            psum += p;
+            p16[e] = f32_to_16(p, BF);
+        }
+        l = l * alpha + psum;
+        m = m_new;
+#pragma unroll
+        for (int n = 0; n < NT; n++) o[n][0] *= alpha, o[n][1] *= alpha;
+        const uint32_t pa[4] = {pack16(p16[0], p16[1]), 0u, pack16(p16[2], p16[3]), 0u};
+
+        /* O += P V: column g of n-tile n is real dim NT g + n, element n of the loaded slices */
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int w = n >> 1, q = w >> 2, cpt = w & 3;
+            uint32_t wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 &r = vr[i][q];
+                wv[i] = cpt == 0 ? r.x : cpt == 1 ? r.y : cpt == 2 ? r.z : r.w;
+            }
+            uint32_t b[2];
+            if (n & 1) {
+                b[0] = (wv[0] >> 16) | (wv[1] & 0xffff0000u);
+                b[1] = (wv[2] >> 16) | (wv[3] & 0xffff0000u);
+            } else {
+                b[0] = (wv[0] & 0xffffu) | (wv[1] << 16);
+                b[1] = (wv[2] & 0xffffu) | (wv[3] << 16);
+            }
+            mma16816(o[n], pa, b, BF);
+        }
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+    /* o[n][0] = O[g][NT 2t4 + n], o[n][1] = O[g][NT (2t4 + 1) + n] */
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        sh_acc[warp][g][NT * 2 * t4 + n] = o[n][0];
+        sh_acc[warp][g][NT * (2 * t4 + 1) + n] = o[n][1];
+    }
+    if (t4 == 0) {
+        sh_w[warp][g] = m;
+        sh_l[warp][g] = l;
+    }
+    __syncthreads();
+    dec_merge_store<D, NW, 8>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
 }
 
 /* The decode kernel for (head size, cache dtype), or NULL when it has none. */
@@ -878,8 +1103,15 @@ dec_fn dec_pick_dtype(int cd)
     default: return nullptr;
     }
 }
-dec_fn dec_pick(int head_size, int cd)
+dec_fn dec_pick(int head_size, int cd, int qd, bool mma_ok)
 {
+    /* tensor cores when q and the cache share a 16-bit dtype */
+    if (mma_ok && qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16)) {
+        if (head_size == 64)
+            return cd == PA_DTYPE_BF16 ? decode_mma_kernel<64, PA_DTYPE_BF16> : decode_mma_kernel<64, PA_DTYPE_F16>;
+        if (head_size == 128)
+            return cd == PA_DTYPE_BF16 ? decode_mma_kernel<128, PA_DTYPE_BF16> : decode_mma_kernel<128, PA_DTYPE_F16>;
+    }
     switch (head_size) {
     case 64: return dec_pick_dtype<64>(cd);
     case 128: return dec_pick_dtype<128>(cd);
@@ -933,7 +1165,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
      * batch, so a sequence's bits never depend on what else is in the batch. */
     const bool from_cache = p->attn_type == PA_ATTN_DECODER || p->attn_type == PA_ATTN_ENCODER_DECODER;
     const dec_fn dec = from_cache && p->vec8 && p->tables && !ctx->no_decode_kernel
-                           ? dec_pick(p->head_size, p->cache_dtype)
+                           ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, !ctx->no_decode_mma)
                            : nullptr;
     const int64_t n_dec = dec ? plan->num_small : 0;
     const pa_cu_item *simt_items = plan->items + n_dec;

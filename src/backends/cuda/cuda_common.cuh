@@ -126,8 +126,9 @@ typedef struct pa_cu_ctx {
     size_t scratch_dev_cap;
     void *scratch_host;
     size_t scratch_host_cap;
-    bool use_mma; /* PAGEDATTN_CUDA_MMA=1 at context creation: tensor-core prefill tiles */
+    bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     bool no_decode_kernel; /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel */
+    bool no_decode_mma;    /* PAGEDATTN_CUDA_DECODE=simt: the decode kernel without tensor cores */
 } pa_cu_ctx;
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s

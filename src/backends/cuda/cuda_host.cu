@@ -125,11 +125,12 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
     ctx->sm_count = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     {
-        const char *e = getenv("PAGEDATTN_CUDA_MMA");
-        ctx->use_mma = e && e[0] == '1';
+        const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
+        ctx->use_mma = !(e && e[0] == '0');
         /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel too (for A/B runs) */
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
         ctx->no_decode_kernel = d && d[0] == '0';
+        ctx->no_decode_mma = d && !strcmp(d, "simt");
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -277,7 +278,7 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     if (!slots) num_slots = 0;
 
     int64_t num_items = 0, num_comb = 0, num_parts = 0, num_small = 0, num_mitems = 0;
-    /* Tensor-core tiles (opt-in, PAGEDATTN_CUDA_MMA=1) for sequences with query_len > 16, when
+    /* Tensor-core tiles (unless PAGEDATTN_CUDA_MMA=0) for sequences with query_len > 16, when
      * the head size has a kernel; the forward uses them only for 16-bit q and cache dtypes. */
     const bool mma_ok = ctx->use_mma && (D == 64 || D == 128) &&
                         (type == PA_ATTN_DECODER || type == PA_ATTN_ENCODER_DECODER);

@@ -4,7 +4,7 @@
 #     bash src/backends/cuda/devcheck.sh     (logs under $BUILD/logs, tarred into $OUT if set)
 # Phases: configure + build with PAGEDATTN_CUDA=ON (Release; CUDA_ARCHS, default 90), `pagedattn
 # info`; the correctness tests in parallel (ops, splits, the whole case grid against the
-# reference, each also with the opt-in tensor-core path); compute-sanitizer memcheck and racecheck
+# reference, each also with the tensor-core paths off); compute-sanitizer memcheck and racecheck
 # in parallel (ops test, grid slices); then, alone on the GPU, the speed runs (`pagedattn bench
 # --backend cuda`: copy bandwidth, decode, prefill, CUDA-graph capture, PyTorch SDPA). Each step is
 # time-boxed; a failed step is reported and the script goes on; the summary table comes last.
@@ -60,8 +60,9 @@ step info 30 "$CLI" info
 step ops 90 "$T/test_cuda_ops" &
 step splits 90 "$T/test_cuda_splits" &
 step grid 150 "$T/test_cuda_grid" &
-PAGEDATTN_CUDA_MMA=1 step grid_mma 150 "$T/test_cuda_grid" &
-PAGEDATTN_CUDA_MMA=1 step splits_mma 90 "$T/test_cuda_splits" &
+PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
+PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
+PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step splits_simt 90 "$T/test_cuda_splits" &
 wait
 
 # Phase 2: compute-sanitizer (10-100x slower), in parallel: the ops test whole, grid slices.
@@ -70,8 +71,8 @@ if [ -n "$SAN" ]; then
     step racecheck_ops 120 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_ops" &
     step memcheck_grid 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "/" &
     step racecheck_grid 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
-    PAGEDATTN_CUDA_MMA=1 step memcheck_mma 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
-    PAGEDATTN_CUDA_MMA=1 step racecheck_mma 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
+    PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step memcheck_simt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
+    PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step racecheck_simt 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "random/" &
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
     step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
@@ -83,16 +84,20 @@ fi
 
 # Phase 3: speed, alone on the GPU: `pagedattn bench --backend cuda` (copy bandwidth, decode
 # 64 x 4096 in bf16/f16/fp8, prefill 4096 causal beside PyTorch SDPA, CUDA-graph replay check),
-# as shipped, with the tensor-core prefill tiles, and with decode on the SIMT kernel (A/B).
+# as shipped (tensor cores), without tensor cores (SIMT decode kernel, SIMT prefill), and with
+# short queries on the general SIMT kernel (A/B).
 step bench 120 "$CLI" bench --backend cuda
-PAGEDATTN_CUDA_MMA=1 step bench_mma 120 "$CLI" bench --backend cuda
-PAGEDATTN_CUDA_DECODE=0 step bench_simt 120 "$CLI" bench --backend cuda
+PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step bench_simt 120 "$CLI" bench --backend cuda
+PAGEDATTN_CUDA_DECODE=0 step bench_nodec 120 "$CLI" bench --backend cuda
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1; then
-    step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 \
+    step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --section LaunchStats "$CLI" bench --backend cuda
+        --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
+    step ncu_prefill 90 ncu --clock-control none --kernel-name regex:attn_mma --launch-skip 3 \
+        --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
 fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
