@@ -560,7 +560,7 @@ int pa_tool_bench(int argc, char **argv)
     g_progress = isatty(2);
 
     /* the cuda backend has a bench of its own (device memory, CUDA events, SDPA beside it) */
-    if (!strcmp(backends, "cuda")) return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json);
+    if (!strcmp(backends, "cuda")) return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter);
 
     /* backends */
     const pa_backend *bes[8];

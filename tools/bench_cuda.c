@@ -27,9 +27,9 @@
 
 #ifndef PA_TOOL_HAVE_CUDA
 
-int pa_tool_bench_cuda(int quick, int repeats, int json)
+int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
 {
-    (void)quick, (void)repeats, (void)json;
+    (void)quick, (void)repeats, (void)json, (void)filter;
     fprintf(stderr, "bench: this pagedattn was built without the cuda backend's bench "
                     "(configure with -DPAGEDATTN_CUDA=ON)\n");
     return 2;
@@ -151,7 +151,8 @@ typedef struct attn_result {
 } attn_result;
 
 /* One workload: num_seqs sequences of (ctx_len cached tokens, q_len new ones), KV in cache_dt,
- * q/k/v/out in bf16, on a fresh NHD cache whose blocks are a random permutation of the pool. */
+ * q/k/v/out in the cache dtype (bf16 for an fp8 cache), on a fresh NHD cache whose blocks are a
+ * random permutation of the pool. */
 static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, int ctx_len,
                             int q_len, pa_dtype cache_dt, int reps)
 {
@@ -160,7 +161,8 @@ static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, 
     const int64_t nblocks = (int64_t)num_seqs * per_seq;
     pa_layer_config cfg;
     pa_layer_config_init(&cfg, H, HKV, D);
-    cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = PA_DTYPE_BF16;
+    const pa_dtype io = pa_dtype_size(cache_dt) == 2 ? cache_dt : PA_DTYPE_BF16;
+    cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = io;
     cfg.cache_dtype = cache_dt;
     pa_layer *layer = NULL;
     PK(pa_layer_create(&cfg, &layer));
@@ -201,9 +203,9 @@ static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, 
     CK(cudaMalloc(&k, (size_t)ntok * HKV * D * 2));
     CK(cudaMalloc(&v, (size_t)ntok * HKV * D * 2));
     CK(cudaMalloc(&out, out_bytes));
-    fill_dev(q, PA_DTYPE_BF16, (size_t)ntok * H * D);
-    fill_dev(k, PA_DTYPE_BF16, (size_t)ntok * HKV * D);
-    fill_dev(v, PA_DTYPE_BF16, (size_t)ntok * HKV * D);
+    fill_dev(q, io, (size_t)ntok * H * D);
+    fill_dev(k, io, (size_t)ntok * HKV * D);
+    fill_dev(v, io, (size_t)ntok * HKV * D);
     f.a.q = q, f.a.k = k, f.a.v = v, f.a.cache = &cache, f.a.out = out;
     PK(pa_plan_create(ctx, layer, f.batch, &f.plan));
     for (int i = 0; i < 3; i++) do_fwd(&f);
@@ -218,7 +220,7 @@ static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, 
     do_fwd(&f);
     CK(cudaStreamSynchronize(stream));
     CK(cudaMemcpy(eager, out, out_bytes, cudaMemcpyDeviceToHost));
-    CK(cudaMemset(out, 0xff, out_bytes)); /* bf16 0xffff: NaN */
+    CK(cudaMemset(out, 0xff, out_bytes)); /* 0xffff: NaN in f16 and bf16 */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -300,7 +302,7 @@ static double sdpa_ms(int S, int reps)
     return ms;
 }
 
-int pa_tool_bench_cuda(int quick, int repeats, int json)
+int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
 {
     const pa_backend *be = pa_backend_find("cuda");
     char why[256] = "";
@@ -350,6 +352,7 @@ int pa_tool_bench_cuda(int quick, int repeats, int json)
     double prefill_ms = -1, prefill_tflops = 0;
     for (int i = 0; i < 4; i++) {
         const int decode = i < 3;
+        if (filter && !strstr(decode ? "decode" : "prefill", filter)) continue;
         const attn_result R = decode ? run_attn(ctx, stream, B, C, 1, kvd[i], repeats)
                                      : run_attn(ctx, stream, 1, 0, S, PA_DTYPE_BF16, repeats);
         char name[64];
@@ -371,13 +374,13 @@ int pa_tool_bench_cuda(int quick, int repeats, int json)
                    R.graph_ok ? "true" : "false");
         nres++;
     }
-    const double sd = sdpa_ms(S, repeats);
+    const double sd = prefill_ms > 0 ? sdpa_ms(S, repeats) : -1;
     if (!json) {
         if (sd > 0) {
             const double fl = 4.0 * ((double)S * (S + 1) / 2) * 128 * 32;
             printf("\nPyTorch SDPA (flash), prefill %d causal bf16: %.4f ms = %.2f TFLOP/s; pagedattn / SDPA "
                    "throughput: %.3fx (target >= 0.8x)\n", S, sd, fl / (sd * 1e-3) / 1e12, sd / prefill_ms);
-        } else {
+        } else if (prefill_ms > 0) {
             printf("\nPyTorch SDPA: not measured (see above); pagedattn prefill %.2f TFLOP/s\n", prefill_tflops);
         }
     } else {

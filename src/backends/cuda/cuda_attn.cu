@@ -435,12 +435,38 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 #endif
 
+/* cp.async: 16 bytes global -> shared without a register stop; `ok` false zero-fills the
+ * destination and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool ok)
+{
+#ifdef PA_CU_EMULATE
+    if (ok) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+#else
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+#ifndef PA_CU_EMULATE
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/* Waits until at most one committed group of this thread is still in flight. */
+__device__ __forceinline__ void cp_async_wait_1()
+{
+#ifndef PA_CU_EMULATE
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+#endif
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int KS = D + 8; /* shared row stride in 16-bit elements (bank spread) */
-    PA_CU_STATIC_SMEM __align__(16) uint16_t Ksh[PA_CU_KCHUNK * KS];
-    PA_CU_STATIC_SMEM __align__(16) uint16_t Vsh[PA_CU_KCHUNK * KS];
+    PA_CU_STATIC_SMEM __align__(16) uint16_t Ksh[2][PA_CU_KCHUNK * KS]; /* double-buffered */
+    PA_CU_STATIC_SMEM __align__(16) uint16_t Vsh[2][PA_CU_KCHUNK * KS];
     const bool bf16 = P.cache_dtype == PA_DTYPE_BF16;
     const pa_cu_item it = P.items[blockIdx.x];
     const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
@@ -490,27 +516,36 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
     const int64_t chunk0 = kbeg < kend ? (kbeg / PA_CU_KCHUNK) * PA_CU_KCHUNK : kend;
 
-    for (int64_t kb = chunk0; kb < kend; kb += PA_CU_KCHUNK) {
-        const int nk = (int)min((int64_t)PA_CU_KCHUNK, kend - kb);
-        __syncthreads();
-        if (P.vec8) {
-            /* 16-byte loads and stores (the host checked strides and alignment), one block-table
-             * lookup per 8 elements, 32-bit index arithmetic */
-            const int32_t *table = P.tables + (int64_t)s * P.table_stride;
-            const int bs = P.c_bs, kb32 = (int)kb;
-            for (int e = tid; e < PA_CU_KCHUNK * (D / 8); e += blockDim.x) {
-                const int k = e / (D / 8), d = (e - k * (D / 8)) * 8;
-                uint4 kx = make_uint4(0u, 0u, 0u, 0u), vx = kx;
-                if (k < nk) {
-                    const int j = kb32 + k;
-                    const int64_t off = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token +
-                                        (int64_t)hk * P.c_head + d;
-                    kx = *(const uint4 *)(kc + off);
-                    vx = *(const uint4 *)(vc + off);
-                }
-                *(uint4 *)(Ksh + k * KS + d) = kx;
-                *(uint4 *)(Vsh + k * KS + d) = vx;
+    /* 16-byte path (the host checked strides and alignment): chunk i + 1 streams into the other
+     * shared buffer by cp.async while chunk i is computed; keys past the range are zero-filled,
+     * never read. */
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    auto issue = [&](int64_t kbx, int buf) {
+        const int nkx = (int)min((int64_t)PA_CU_KCHUNK, kend - kbx), bs = P.c_bs, kb32 = (int)kbx;
+        for (int e = tid; e < PA_CU_KCHUNK * (D / 8); e += blockDim.x) {
+            const int k = e / (D / 8), d = (e - k * (D / 8)) * 8;
+            const bool ok = k < nkx;
+            int64_t off = 0;
+            if (ok) {
+                const int j = kb32 + k;
+                off = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token + (int64_t)hk * P.c_head + d;
             }
+            cp_async16(&Ksh[buf][k * KS + d], kc + off, ok);
+            cp_async16(&Vsh[buf][k * KS + d], vc + off, ok);
+        }
+        cp_async_commit();
+    };
+    if (P.vec8 && chunk0 < kend) issue(chunk0, 0);
+
+    int iter = 0;
+    for (int64_t kb = chunk0; kb < kend; kb += PA_CU_KCHUNK, iter++) {
+        const int nk = (int)min((int64_t)PA_CU_KCHUNK, kend - kb);
+        const int buf = P.vec8 ? (iter & 1) : 0;
+        __syncthreads(); /* every warp is done with the buffer about to be refilled */
+        if (P.vec8) {
+            if (kb + PA_CU_KCHUNK < kend) issue(kb + PA_CU_KCHUNK, buf ^ 1);
+            else cp_async_commit(); /* an empty group keeps the count */
+            cp_async_wait_1();      /* this chunk's group has landed */
         } else {
             for (int e = tid; e < PA_CU_KCHUNK * (D / 2); e += blockDim.x) {
                 const int k = e / (D / 2), d = (e - k * (D / 2)) * 2;
@@ -521,18 +556,19 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
                     const int64_t off = blk * P.c_block + (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
                     k0 = kc[off], k1 = kc[off + 1], v0 = vc[off], v1 = vc[off + 1];
                 }
-                Ksh[k * KS + d] = k0, Ksh[k * KS + d + 1] = k1;
-                Vsh[k * KS + d] = v0, Vsh[k * KS + d + 1] = v1;
+                Ksh[0][k * KS + d] = k0, Ksh[0][k * KS + d + 1] = k1;
+                Vsh[0][k * KS + d] = v0, Vsh[0][k * KS + d + 1] = v1;
             }
         }
         __syncthreads();
+        const uint16_t *Kb = Ksh[buf], *Vb = Vsh[buf];
 
         /* S = Q K^T: 4 tiles of 8 keys */
         float sc[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-            const uint16_t *krow = Ksh + (nt * 8 + g) * KS;
+            const uint16_t *krow = Kb + (nt * 8 + g) * KS;
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) {
                 const int d = ks * 16 + 2 * t4; /* even: 4-byte aligned pairs */
@@ -606,8 +642,8 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
 #pragma unroll
             for (int ks = 0; ks < 2; ks++) {
                 const int k0 = ks * 16 + 2 * t4;
-                const uint32_t b[2] = {pack16(Vsh[k0 * KS + d], Vsh[(k0 + 1) * KS + d]),
-                                       pack16(Vsh[(k0 + 8) * KS + d], Vsh[(k0 + 9) * KS + d])};
+                const uint32_t b[2] = {pack16(Vb[k0 * KS + d], Vb[(k0 + 1) * KS + d]),
+                                       pack16(Vb[(k0 + 8) * KS + d], Vb[(k0 + 9) * KS + d])};
                 mma16816(o[n], pa[ks], b, bf16);
             }
         }
@@ -899,6 +935,23 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
     }
 }
 
+/* Asks L2 for the line holding p (no register, no wait): keeps more of a memory-bound
+ * kernel's bytes in flight than its registers could. */
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+#ifdef PA_CU_EMULATE
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+/* Element offset (before the head and dim offsets) of key j of a sequence's table. */
+__device__ __forceinline__ int64_t dec_key_off(const pa_cu_attn_params &P, const int32_t *table, int j)
+{
+    return (int64_t)table[j / P.c_bs] * P.c_block + (int64_t)(j % P.c_bs) * P.c_token;
+}
+
 /* ---- tensor-core decode tiles (16-bit cache, q of the same dtype, head size 64 or 128) -----
  *
  * The same work items and results as decode_kernel, with the arithmetic on mma.sync so that a
@@ -911,7 +964,7 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
  * mma's output column n of lane group g is real dim (D/8) g + n, so lane group g loads its
  * D/8 contiguous dims of the four keys its quad position t4 needs. P is rounded to the cache
  * dtype before P V (allowed by the contract). The warps' states merge in warp order. */
-template <int D, int CD>
+template <int D, int CD, bool PF>
 __global__ void __launch_bounds__(DEC_THREADS) decode_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* P V n-tiles; lane group g owns real dims [NT g, NT g + NT) */
@@ -978,6 +1031,23 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_mma_kernel(const __grid_co
 
     const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
     for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
+        if (PF && kend - jb > 16 * NW) { /* this warp's next step, into L2 */
+            const int jn = jb + 16 * NW;
+#pragma unroll
+            for (int T = 0; T < 2; T++) {
+                const int j = jn + 8 * T + g;
+                if (j < kend) {
+                    const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+                    prefetch_l2(kc + base);
+                    if (KC > 2) prefetch_l2(kc + base + 64);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
+                if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
+            }
+        }
         /* K rows jb + g (S tile 0) and jb + 8 + g (tile 1): dims 32c + 8t4 .. + 8 */
         uint4 kr[2][KC];
 #pragma unroll
@@ -1090,6 +1160,226 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_mma_kernel(const __grid_co
     dec_merge_store<D, NW, 8>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
 }
 
+/* The same decode tile with the products transposed: S^T = K Q^T (16 keys x the 8 rows) and
+ * O^T += V^T P^T (16 dims x 8 rows), so that no half of an mma tile idles and a lane keeps 32
+ * accumulators instead of 64 (more warps fit on a multiprocessor to keep loads in flight). K
+ * and V arrive as in decode_mma_kernel (the same loads); P^T's fragments are gathered from the
+ * S^T accumulators with four shuffles of packed 16-bit pairs per 16 keys. Lane (g, t4) owns
+ * rows 2t4 and 2t4 + 1 in S^T and O^T; O^T row g of m-tile mt is real dim (D/8) g + 2 mt (and
+ * + 1 for row g + 8). */
+template <int D, int CD, bool PF, int MINB>
+__global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
+{
+    constexpr int NT = D / 8;  /* real dims per lane group g in P V */
+    constexpr int MT = D / 16; /* O^T m-tiles */
+    constexpr int KC = D / 32; /* 16-byte K loads per key row */
+    constexpr int VW = NT / 8; /* 16-byte V loads per key row */
+    constexpr int NW = DEC_THREADS / 32;
+    constexpr bool BF = CD == PA_DTYPE_BF16;
+    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
+    PA_CU_STATIC_SMEM float sh_w[NW][8];
+    PA_CU_STATIC_SMEM float sh_l[NW][8];
+    PA_CU_STATIC_SMEM float sh_fin[8][2];
+
+    const pa_cu_item it = P.items[blockIdx.x];
+    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
+    const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
+    const int nr = (int)(tile_end - it.row0);
+    const int c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+    const int ns = P.nsplit[s];
+    const int klo = ns == 1 ? 0 : it.split * P.split_len[s];
+    const int khi = ns == 1 ? kv_len : (int)min((int64_t)kv_len, (int64_t)klo + P.split_len[s]);
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    const int64_t head_off = (int64_t)hk * P.c_head;
+    const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+
+    /* Row r of the tile: valid, head, position, visible keys. Lane (g, t4) needs row g (its Q
+     * fragment) and rows 2t4, 2t4 + 1 (its scores). */
+    int rh[3], rp[3], rlo[3], rhi[3];
+    bool rvv[3];
+    const int rows[3] = {g, 2 * t4, 2 * t4 + 1};
+    int64_t tq = 0;
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        const bool rv = rows[i] < nr;
+        const int64_t t = rv ? (it.row0 + rows[i]) / G : 0;
+        if (i == 0) tq = t;
+        rvv[i] = rv;
+        rh[i] = hk * G + (rv ? (int)(it.row0 + rows[i] - t * G) : 0);
+        rp[i] = c + (int)t;
+        int64_t lo64, hi64;
+        key_range(P, rp[i], kv_len, &lo64, &hi64);
+        rlo[i] = (int)max(lo64, (int64_t)klo);
+        rhi[i] = (int)min(hi64, (int64_t)khi);
+        if (!rv || rhi[i] < rlo[i]) rhi[i] = rlo[i];
+    }
+    int kbeg = rhi[0] > rlo[0] ? rlo[0] : INT32_MAX, kend = rhi[0] > rlo[0] ? rhi[0] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        kbeg = min(kbeg, __shfl_xor_sync(0xffffffffu, kbeg, o));
+        kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, o));
+    }
+
+    /* Q^T fragments b0 (row g, real dims d, d+1) and b1 (d+2, d+3), d = 32c + 8t4 + 4 half */
+    uint32_t qb[D / 16][2];
+    {
+        const uint16_t *qp = (const uint16_t *)P.q + (q0 + tq) * P.q_rs + (int64_t)rh[0] * D;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const int d = 32 * (ks >> 1) + 8 * t4 + 4 * (ks & 1);
+            qb[ks][0] = rvv[0] ? pack16(qp[d], qp[d + 1]) : 0u;
+            qb[ks][1] = rvv[0] ? pack16(qp[d + 2], qp[d + 3]) : 0u;
+        }
+    }
+    float o[MT][4];
+#pragma unroll
+    for (int n = 0; n < MT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows 2t4, 2t4 + 1 */
+    const float kmul = P.scale;
+    /* P^T sources: keys 2t4 (+1) of S^T live in lanes 4 (2t4) + g/2 and 4 (2t4 + 1) + g/2 */
+    const int srcA = 4 * (2 * t4) + (g >> 1), srcB = 4 * (2 * t4 + 1) + (g >> 1);
+    const bool hi_half = (g & 1) != 0;
+
+    const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
+    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
+        if (PF && kend - jb > 16 * NW) {
+            const int jn = jb + 16 * NW;
+#pragma unroll
+            for (int T = 0; T < 2; T++) {
+                const int j = jn + 8 * T + g;
+                if (j < kend) {
+                    const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+                    prefetch_l2(kc + base);
+                    if (KC > 2) prefetch_l2(kc + base + 64);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
+                if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
+            }
+        }
+        /* K rows jb + g and jb + 8 + g (A rows g and g + 8), dims 32c + 8t4 .. + 8 */
+        uint4 kr[2][KC];
+#pragma unroll
+        for (int T = 0; T < 2; T++) {
+            const int j = jb + 8 * T + g;
+            if (j >= kbeg && j < kend) {
+                const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
+            } else {
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) kr[T][cc] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        /* V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}, real dims [NT g, NT g + NT) */
+        uint4 vr[4][VW];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
+            if (j >= kbeg && j < kend) {
+                const int64_t base = dec_key_off(P, table, j) + head_off + NT * g;
+#pragma unroll
+                for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
+            } else {
+#pragma unroll
+                for (int w = 0; w < VW; w++) vr[i][w] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+
+        /* S^T = K Q^T: c0 (key jb + g, row 2t4), c1 (.., 2t4 + 1), c2/c3 key jb + 8 + g */
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint4 &r0 = kr[0][ks >> 1], &r1 = kr[1][ks >> 1];
+            const bool h1 = (ks & 1) != 0;
+            const uint32_t a[4] = {h1 ? r0.z : r0.x, h1 ? r1.z : r1.x, h1 ? r0.w : r0.y, h1 ? r1.w : r1.y};
+            const uint32_t b[2] = {qb[ks][0], qb[ks][1]};
+            mma16816(sc, a, b, BF);
+        }
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 1 + (e & 1); /* row 2t4 + (e & 1) */
+            const int j = jb + g + 8 * (e >> 1);
+            float v = -INFINITY;
+            if (j >= rlo[i] && j < rhi[i] && blocksparse_visible(P, rh[i], rp[i], j)) {
+                v = sc[e] * kmul;
+                if (P.softcap > 0.f) v = P.softcap * tanhf(v / P.softcap);
+                if (P.has_alibi) v -= P.alibi[rh[i]] * (float)(j > rp[i] ? j - rp[i] : rp[i] - j);
+            }
+            x[e] = v;
+        }
+        uint16_t p16[4];
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* row 2t4 + r: x[r] (key g), x[2 + r] (key g + 8) */
+            float mx = fmaxf(x[r], x[2 + r]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float m_new = fmaxf(m[r], mx);
+            const float alpha = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
+            const float p0 = x[r] == -INFINITY ? 0.f : expf(x[r] - m_new);
+            const float p1 = x[2 + r] == -INFINITY ? 0.f : expf(x[2 + r] - m_new);
+            l[r] = l[r] * alpha + (p0 + p1);
+            m[r] = m_new;
+            p16[r] = f32_to_16(p0, BF);
+            p16[2 + r] = f32_to_16(p1, BF);
+#pragma unroll
+            for (int n = 0; n < MT; n++) o[n][r] *= alpha, o[n][2 + r] *= alpha;
+        }
+        /* P^T fragments: b0 = (P[key 2t4][row g], P[key 2t4 + 1][row g]), b1 = keys + 8 */
+        const uint32_t w01 = pack16(p16[0], p16[1]), w23 = pack16(p16[2], p16[3]); /* rows 2t4, 2t4+1 */
+        const uint32_t a01 = __shfl_sync(0xffffffffu, w01, srcA), b01 = __shfl_sync(0xffffffffu, w01, srcB);
+        const uint32_t a23 = __shfl_sync(0xffffffffu, w23, srcA), b23 = __shfl_sync(0xffffffffu, w23, srcB);
+        uint32_t pb[2];
+        if (hi_half) {
+            pb[0] = (a01 >> 16) | (b01 & 0xffff0000u);
+            pb[1] = (a23 >> 16) | (b23 & 0xffff0000u);
+        } else {
+            pb[0] = (a01 & 0xffffu) | (b01 << 16);
+            pb[1] = (a23 & 0xffffu) | (b23 << 16);
+        }
+        /* O^T += V^T P^T: A row g of m-tile mt = real dim NT g + 2 mt, row g + 8 = that + 1 */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int q = mt >> 2, cpt = mt & 3;
+            uint32_t wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 &r = vr[i][q];
+                wv[i] = cpt == 0 ? r.x : cpt == 1 ? r.y : cpt == 2 ? r.z : r.w;
+            }
+            const uint32_t a[4] = {(wv[0] & 0xffffu) | (wv[1] << 16), (wv[0] >> 16) | (wv[1] & 0xffff0000u),
+                                   (wv[2] & 0xffffu) | (wv[3] << 16), (wv[2] >> 16) | (wv[3] & 0xffff0000u)};
+            mma16816(o[mt], a, pb, BF);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+    }
+    /* o[mt][r] = O[row 2t4 + r][NT g + 2 mt], o[mt][2 + r] = O[row 2t4 + r][NT g + 2 mt + 1] */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt] = o[mt][r];
+            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt + 1] = o[mt][2 + r];
+        }
+    if (g == 0) {
+        sh_w[warp][2 * t4] = m[0], sh_w[warp][2 * t4 + 1] = m[1];
+        sh_l[warp][2 * t4] = l[0], sh_l[warp][2 * t4 + 1] = l[1];
+    }
+    __syncthreads();
+    dec_merge_store<D, NW, 8>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
+}
+
 /* The decode kernel for (head size, cache dtype), or NULL when it has none. */
 typedef void (*dec_fn)(const pa_cu_attn_params);
 template <int D>
@@ -1103,14 +1393,24 @@ dec_fn dec_pick_dtype(int cd)
     default: return nullptr;
     }
 }
-dec_fn dec_pick(int head_size, int cd, int qd, bool mma_ok)
+template <int D>
+dec_fn dec_pick_mma(int variant, bool bf)
+{
+    switch (variant) {
+    case PA_CU_DEC_MMA: return bf ? decode_mma_kernel<D, PA_DTYPE_BF16, false> : decode_mma_kernel<D, PA_DTYPE_F16, false>;
+    case PA_CU_DEC_MMA_PF: return bf ? decode_mma_kernel<D, PA_DTYPE_BF16, true> : decode_mma_kernel<D, PA_DTYPE_F16, true>;
+    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
+    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
+    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;
+    default: return nullptr;
+    }
+}
+dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 {
     /* tensor cores when q and the cache share a 16-bit dtype */
-    if (mma_ok && qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16)) {
-        if (head_size == 64)
-            return cd == PA_DTYPE_BF16 ? decode_mma_kernel<64, PA_DTYPE_BF16> : decode_mma_kernel<64, PA_DTYPE_F16>;
-        if (head_size == 128)
-            return cd == PA_DTYPE_BF16 ? decode_mma_kernel<128, PA_DTYPE_BF16> : decode_mma_kernel<128, PA_DTYPE_F16>;
+    if (variant != PA_CU_DEC_SIMT && qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16)) {
+        if (head_size == 64) return dec_pick_mma<64>(variant, cd == PA_DTYPE_BF16);
+        if (head_size == 128) return dec_pick_mma<128>(variant, cd == PA_DTYPE_BF16);
     }
     switch (head_size) {
     case 64: return dec_pick_dtype<64>(cd);
@@ -1164,8 +1464,8 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
      * it has the head size and cache dtype; a property of the layer and cache, never of the
      * batch, so a sequence's bits never depend on what else is in the batch. */
     const bool from_cache = p->attn_type == PA_ATTN_DECODER || p->attn_type == PA_ATTN_ENCODER_DECODER;
-    const dec_fn dec = from_cache && p->vec8 && p->tables && !ctx->no_decode_kernel
-                           ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, !ctx->no_decode_mma)
+    const dec_fn dec = from_cache && p->vec8 && p->tables && ctx->decode_variant != PA_CU_DEC_OFF
+                           ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, ctx->decode_variant)
                            : nullptr;
     const int64_t n_dec = dec ? plan->num_small : 0;
     const pa_cu_item *simt_items = plan->items + n_dec;

@@ -127,9 +127,24 @@ typedef struct pa_cu_ctx {
     void *scratch_host;
     size_t scratch_host_cap;
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
-    bool no_decode_kernel; /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel */
-    bool no_decode_mma;    /* PAGEDATTN_CUDA_DECODE=simt: the decode kernel without tensor cores */
+    int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
 } pa_cu_ctx;
+
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mma|mma-pf|mmat|mmat-pf|mmat4-pf, for
+ * A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode
+ * kernel without tensor cores, mma / mmat = tensor-core decode (S = QK^T or S^T = KQ^T), -pf =
+ * with L2 prefetch of the next step. The tensor-core ones apply to 16-bit q == cache dtype and
+ * head size 64/128; others fall to simt. */
+enum {
+    PA_CU_DEC_OFF,
+    PA_CU_DEC_SIMT,
+    PA_CU_DEC_MMA,
+    PA_CU_DEC_MMA_PF,
+    PA_CU_DEC_MMAT,
+    PA_CU_DEC_MMAT_PF,
+    PA_CU_DEC_MMAT4_PF, /* mmat-pf capped at 128 registers: 4 blocks per multiprocessor */
+};
+#define PA_CU_DEC_DEFAULT PA_CU_DEC_MMAT_PF
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
  * (token, head-in-group) rows, KV split `split`; the KV head is blockIdx.y. */

@@ -127,10 +127,13 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
     {
         const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
         ctx->use_mma = !(e && e[0] == '0');
-        /* PAGEDATTN_CUDA_DECODE=0: short queries on the SIMT kernel too (for A/B runs) */
+        /* PAGEDATTN_CUDA_DECODE: which kernel short queries take (for A/B runs) */
+        static const char *const names[] = {"off", "simt", "mma", "mma-pf", "mmat", "mmat-pf", "mmat4-pf"};
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
-        ctx->no_decode_kernel = d && d[0] == '0';
-        ctx->no_decode_mma = d && !strcmp(d, "simt");
+        ctx->decode_variant = PA_CU_DEC_DEFAULT;
+        for (int i = 0; d && i < (int)(sizeof names / sizeof names[0]); i++)
+            if (!strcmp(d, names[i])) ctx->decode_variant = i;
+        if (d && !strcmp(d, "0")) ctx->decode_variant = PA_CU_DEC_OFF;
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;

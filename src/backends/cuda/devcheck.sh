@@ -62,6 +62,11 @@ step splits 90 "$T/test_cuda_splits" &
 step grid 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
+# every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
+for v in mma mma-pf mmat mmat4-pf; do
+    PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
+    PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
+done
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step splits_simt 90 "$T/test_cuda_splits" &
 wait
 
@@ -76,6 +81,8 @@ if [ -n "$SAN" ]; then
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
     step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DECODE=mma step memcheck_mma 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DECODE=mma step racecheck_mma 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
     echo "compute-sanitizer not found" >"$LOGS/sanitizer.log"
@@ -84,11 +91,13 @@ fi
 
 # Phase 3: speed, alone on the GPU: `pagedattn bench --backend cuda` (copy bandwidth, decode
 # 64 x 4096 in bf16/f16/fp8, prefill 4096 causal beside PyTorch SDPA, CUDA-graph replay check),
-# as shipped (tensor cores), without tensor cores (SIMT decode kernel, SIMT prefill), and with
-# short queries on the general SIMT kernel (A/B).
+# as shipped, then decode with each variant of the decode kernel and prefill without tensor
+# cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
-PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step bench_simt 120 "$CLI" bench --backend cuda
-PAGEDATTN_CUDA_DECODE=0 step bench_nodec 120 "$CLI" bench --backend cuda
+for v in mma mma-pf mmat mmat4-pf simt off; do
+    PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
+done
+PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1; then

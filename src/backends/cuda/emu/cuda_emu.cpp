@@ -29,7 +29,7 @@ int cur = -1, nthreads = 0;
 unsigned long long progress = 0;
 barrier block_bar;
 std::vector<barrier> warp_bars;
-std::vector<float> xch; /* [warps][32] */
+std::vector<uint32_t> xch; /* [warps][32] */
 const std::function<void()> *body_fn;
 
 void yield() { swapcontext(&fibers[cur].ctx, &sched_ctx); }
@@ -64,7 +64,7 @@ void set_thread(int t)
 
 void syncthreads() { wait(block_bar, nthreads); }
 
-float shfl(float v, int arg, bool is_xor)
+uint32_t shfl_bits(uint32_t v, int arg, bool is_xor)
 {
     if (nthreads % 32) {
         fprintf(stderr, "emu: warp shuffle in a block of %d threads (not whole warps)\n", nthreads);
@@ -74,7 +74,7 @@ float shfl(float v, int arg, bool is_xor)
     xch[(size_t)w * 32 + (size_t)lane] = v;
     wait(warp_bars[(size_t)w], 32);
     const int src = is_xor ? (lane ^ arg) : (arg & 31);
-    const float r = xch[(size_t)w * 32 + (size_t)src];
+    const uint32_t r = xch[(size_t)w * 32 + (size_t)src];
     wait(warp_bars[(size_t)w], 32);
     return r;
 }
@@ -104,7 +104,7 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &bod
     fibers.assign((size_t)nthreads, fiber());
     if (stacks.size() < (size_t)nthreads * kStack) stacks.resize((size_t)nthreads * kStack);
     warp_bars.assign((size_t)(nthreads + 31) / 32, barrier());
-    xch.assign((size_t)(nthreads + 31) / 32 * 32, 0.f);
+    xch.assign((size_t)(nthreads + 31) / 32 * 32, 0u);
     body_fn = &body;
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)

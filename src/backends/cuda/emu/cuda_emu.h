@@ -25,7 +25,19 @@ struct state {
 };
 extern state g;
 void syncthreads();
-float shfl(float v, int src_lane_or_xor, bool is_xor);
+/* Warp shuffles move 32-bit patterns: float, int and unsigned values arrive bit for bit (as on
+ * the GPU, whose __shfl_sync has overloads for each). */
+uint32_t shfl_bits(uint32_t v, int src_lane_or_xor, bool is_xor);
+inline float shfl(float v, int a, bool x)
+{
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    b = shfl_bits(b, a, x);
+    memcpy(&v, &b, 4);
+    return v;
+}
+inline int shfl(int v, int a, bool x) { return (int)shfl_bits((uint32_t)v, a, x); }
+inline unsigned shfl(unsigned v, int a, bool x) { return shfl_bits(v, a, x); }
 void warp_gather(const uint32_t *mine, int n, uint32_t *all);
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
 } // namespace pa_emu
