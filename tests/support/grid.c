@@ -349,6 +349,18 @@ static void build_decode_cases(void)
     push(c, "decode");
     c.cache = PA_DTYPE_FP8_E4M3, c.layout = LAYOUT_HND, c.sw = 40;
     push(c, "decode");
+    /* long queries over a 16-bit cache at head size 128: a device backend's tensor-core tiles
+     * (several 64-row tiles per sequence, key chunks crossing blocks, a chunk after a context) */
+    c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.cache = PA_DTYPE_BF16, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){0, 100, 1, 0};
+    c.seqs[1] = (gseq){50, 40, 1, 0};
+    c.seqs[2] = (gseq){77, 1, 0, 0};
+    push(c, "prefill16");
+    c.cache = c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
+    c.wl = 30, c.wr = 0, c.alibi = 1, c.sinks = 1, c.softcap = 8.0f, c.qscale = 2.0f;
+    push(c, "prefill16");
 }
 
 static uint64_t rng_next(uint64_t *s);

@@ -461,7 +461,41 @@ __device__ __forceinline__ void cp_async_wait_1()
 #endif
 }
 
-template <int D>
+/* ldmatrix .x4: four 8x8 matrices of 16-bit elements from shared memory; lane l gives the
+ * address of row l % 8 of matrix l / 8; lane t gets, of matrix i, (row t/4, cols 2(t%4), +1) or
+ * with .trans (rows 2(t%4), +1, col t/4), as one 32-bit register r[i]. */
+#ifdef PA_CU_EMULATE
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const uint16_t *row, bool trans)
+{
+    const uintptr_t a = (uintptr_t)row;
+    uint32_t mine[2] = {(uint32_t)a, (uint32_t)((uint64_t)a >> 32)}, all[32 * 2];
+    pa_emu::warp_gather(mine, 2, all);
+    const int t = (int)(threadIdx.x & 31);
+    auto addr = [&](int l) { return (const uint16_t *)(uintptr_t)((uint64_t)all[2 * l] | ((uint64_t)all[2 * l + 1] << 32)); };
+    for (int i = 0; i < 4; i++) {
+        if (!trans) {
+            const uint16_t *p = addr(8 * i + t / 4);
+            r[i] = (uint32_t)p[2 * (t % 4)] | ((uint32_t)p[2 * (t % 4) + 1] << 16);
+        } else {
+            const uint16_t *p0 = addr(8 * i + 2 * (t % 4)), *p1 = addr(8 * i + 2 * (t % 4) + 1);
+            r[i] = (uint32_t)p0[t / 4] | ((uint32_t)p1[t / 4] << 16);
+        }
+    }
+}
+#else
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *row, bool trans)
+{
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa) : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa) : "memory");
+}
+#endif
+
+template <int D, bool LDM>
 __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int KS = D + 8; /* shared row stride in 16-bit elements (bank spread) */
@@ -568,12 +602,24 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-            const uint16_t *krow = Kb + (nt * 8 + g) * KS;
+            if (LDM) {
+                /* ldmatrix x4: the B fragments of two k-steps for 8 keys in one instruction */
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-                const int d = ks * 16 + 2 * t4; /* even: 4-byte aligned pairs */
-                const uint32_t b[2] = {*(const uint32_t *)(krow + d), *(const uint32_t *)(krow + d + 8)};
-                mma16816(sc[nt], qa[ks], b, bf16);
+                for (int ks = 0; ks < D / 16; ks += 2) {
+                    uint32_t r[4];
+                    ldsm_x4(r, Kb + (nt * 8 + (lane & 7)) * KS + (ks + (lane >> 4)) * 16 + ((lane >> 3) & 1) * 8, false);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    mma16816(sc[nt], qa[ks], b0, bf16);
+                    mma16816(sc[nt], qa[ks + 1], b1, bf16);
+                }
+            } else {
+                const uint16_t *krow = Kb + (nt * 8 + g) * KS;
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ks++) {
+                    const int d = ks * 16 + 2 * t4; /* even: 4-byte aligned pairs */
+                    const uint32_t b[2] = {*(const uint32_t *)(krow + d), *(const uint32_t *)(krow + d + 8)};
+                    mma16816(sc[nt], qa[ks], b, bf16);
+                }
             }
         }
         /* scores -> probabilities, online softmax per row (a row lives in a quad of lanes) */
@@ -636,15 +682,30 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
             o[n][2] *= alpha[1], o[n][3] *= alpha[1];
         }
         /* O += P V: B[k = key][n = dim] */
+        if (LDM) {
+            /* ldmatrix x4 .trans: the B fragments of two dim tiles for 16 keys */
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            const int d = n * 8 + g;
+            for (int n = 0; n < D / 8; n += 2) {
 #pragma unroll
-            for (int ks = 0; ks < 2; ks++) {
-                const int k0 = ks * 16 + 2 * t4;
-                const uint32_t b[2] = {pack16(Vb[k0 * KS + d], Vb[(k0 + 1) * KS + d]),
-                                       pack16(Vb[(k0 + 8) * KS + d], Vb[(k0 + 9) * KS + d])};
-                mma16816(o[n], pa[ks], b, bf16);
+                for (int ks = 0; ks < 2; ks++) {
+                    uint32_t r[4];
+                    ldsm_x4(r, Vb + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (n + (lane >> 4)) * 8, true);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    mma16816(o[n], pa[ks], b0, bf16);
+                    mma16816(o[n + 1], pa[ks], b1, bf16);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                const int d = n * 8 + g;
+#pragma unroll
+                for (int ks = 0; ks < 2; ks++) {
+                    const int k0 = ks * 16 + 2 * t4;
+                    const uint32_t b[2] = {pack16(Vb[k0 * KS + d], Vb[(k0 + 1) * KS + d]),
+                                           pack16(Vb[(k0 + 8) * KS + d], Vb[(k0 + 9) * KS + d])};
+                    mma16816(o[n], pa[ks], b, bf16);
+                }
             }
         }
     }
@@ -1402,6 +1463,7 @@ dec_fn dec_pick_mma(int variant, bool bf)
     case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
     case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
     case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;
+    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4>;
     default: return nullptr;
     }
 }
@@ -1491,10 +1553,14 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pa_cu_attn_params pm = *p;
         pm.items = plan->mitems;
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
-        if (p->head_size == 64)
-            PA_CU_LAUNCH(attn_mma_kernel<64>, grid, 128, 0, ctx->stream, pm);
-        else
-            PA_CU_LAUNCH(attn_mma_kernel<128>, grid, 128, 0, ctx->stream, pm);
+        const bool ldm = ctx->prefill_ldm;
+        if (p->head_size == 64) {
+            if (ldm) PA_CU_LAUNCH((attn_mma_kernel<64, true>), grid, 128, 0, ctx->stream, pm);
+            else PA_CU_LAUNCH((attn_mma_kernel<64, false>), grid, 128, 0, ctx->stream, pm);
+        } else {
+            if (ldm) PA_CU_LAUNCH((attn_mma_kernel<128, true>), grid, 128, 0, ctx->stream, pm);
+            else PA_CU_LAUNCH((attn_mma_kernel<128, false>), grid, 128, 0, ctx->stream, pm);
+        }
         PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }
     if (plan->num_comb > 0) {

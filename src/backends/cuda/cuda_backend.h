@@ -1,9 +1,8 @@
 /* cuda_backend.h: the hooks of the cuda backend, shared by its registry entry (cuda_backend.c,
  * plain C) and their CUDA C++ implementations (cuda_host.cu, cuda_attn.cu, cuda_ops.cu).
  *
- * UNVERIFIED ON HARDWARE: this backend was written and compiled with nvcc on a machine with no
- * GPU; none of its kernels has run yet. src/backends/cuda/devcheck.sh is the first check to run
- * on a machine with one.
+ * Checked on an NVIDIA H200 by src/backends/cuda/devcheck.sh (NOTES.md beside this file); it
+ * builds without a GPU and its tests then skip with the reason.
  */
 #ifndef PAGEDATTN_CUDA_BACKEND_H
 #define PAGEDATTN_CUDA_BACKEND_H

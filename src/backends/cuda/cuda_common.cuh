@@ -128,9 +128,11 @@ typedef struct pa_cu_ctx {
     size_t scratch_host_cap;
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
+    int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
+    bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL) */
 } pa_cu_ctx;
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mma|mma-pf|mmat|mmat-pf|mmat4-pf, for
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mma|mma-pf|mmat|mmat-pf|mmat4-pf|mmat4, for
  * A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode
  * kernel without tensor cores, mma / mmat = tensor-core decode (S = QK^T or S^T = KQ^T), -pf =
  * with L2 prefetch of the next step. The tensor-core ones apply to 16-bit q == cache dtype and
@@ -143,8 +145,11 @@ enum {
     PA_CU_DEC_MMAT,
     PA_CU_DEC_MMAT_PF,
     PA_CU_DEC_MMAT4_PF, /* mmat-pf capped at 128 registers: 4 blocks per multiprocessor */
+    PA_CU_DEC_MMAT4,    /* mmat capped at 128 registers */
 };
-#define PA_CU_DEC_DEFAULT PA_CU_DEC_MMAT_PF
+/* mmat: 69.7% of the copy bandwidth on an H200 (decode 64 x 4096 bf16; mma 46%, the L2
+ * prefetch variants and the 128-register cap slower: bench/NOTES of the cuda backend) */
+#define PA_CU_DEC_DEFAULT PA_CU_DEC_MMAT
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
  * (token, head-in-group) rows, KV split `split`; the KV head is blockIdx.y. */

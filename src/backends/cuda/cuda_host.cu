@@ -1,6 +1,6 @@
 /* cuda_host.cu: the host side of the cuda backend: availability, contexts (device + stream),
  * plans (batch metadata and work lists uploaded once per step, workspace allocated once), the
- * forward launch sequence and the cache ops. UNVERIFIED ON HARDWARE.
+ * forward launch sequence and the cache ops.
  *
  * Forward only launches kernels on the context's stream: no allocation, no copy from the host,
  * no synchronization, so an engine can capture a step in a CUDA graph (per-layer data such as
@@ -45,10 +45,10 @@ static void make_info(void)
     (void)cudaRuntimeGetVersion(&rt);
     (void)cudaDriverGetVersion(&drv);
     int len = snprintf(g_info, sizeof g_info,
-                       "cuda: UNVERIFIED ON HARDWARE (written and compiled without a GPU; run "
-                       "src/backends/cuda/devcheck.sh on one)\n"
-                       "cuda: runtime %d.%d, driver %d.%d, kernels for sm_80 and sm_90, SIMT fp32 "
-                       "kernels; tensor-core prefill tiles opt-in with PAGEDATTN_CUDA_MMA=1\n",
+                       "cuda: checked on an NVIDIA H200 (sm_90) with src/backends/cuda/devcheck.sh "
+                       "(case grid, compute-sanitizer memcheck and racecheck); never run on sm_80\n"
+                       "cuda: runtime %d.%d, driver %d.%d; tensor-core decode and prefill tiles "
+                       "for 16-bit q == cache dtype (head 64/128), SIMT kernels for the rest\n",
                        rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
@@ -128,12 +128,19 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
         ctx->use_mma = !(e && e[0] == '0');
         /* PAGEDATTN_CUDA_DECODE: which kernel short queries take (for A/B runs) */
-        static const char *const names[] = {"off", "simt", "mma", "mma-pf", "mmat", "mmat-pf", "mmat4-pf"};
+        static const char *const names[] = {"off", "simt", "mma", "mma-pf", "mmat", "mmat-pf", "mmat4-pf", "mmat4"};
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
         ctx->decode_variant = PA_CU_DEC_DEFAULT;
         for (int i = 0; d && i < (int)(sizeof names / sizeof names[0]); i++)
             if (!strcmp(d, names[i])) ctx->decode_variant = i;
         if (d && !strcmp(d, "0")) ctx->decode_variant = PA_CU_DEC_OFF;
+        /* PAGEDATTN_CUDA_SPLIT_KEYS: keys per decode split, 64..8192, multiple of 32 (A/B) */
+        const char *sk = getenv("PAGEDATTN_CUDA_SPLIT_KEYS");
+        const long v = sk ? strtol(sk, NULL, 10) : 0;
+        ctx->split_keys = v >= 64 && v <= 8192 && v % 32 == 0 ? (int)v : PA_CU_SPLIT_KEYS;
+        /* PAGEDATTN_CUDA_PREFILL=ldm|lds: prefill fragments by ldmatrix or by plain loads */
+        const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");
+        ctx->prefill_ldm = pf && !strcmp(pf, "ldm");
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -211,14 +218,14 @@ static pa_status upload_scratch(pa_cu_ctx *ctx, const void *host, size_t bytes, 
 /* ---- plans --------------------------------------------------------------------------------- */
 
 /* The split rule: a function of the sequence's own lengths only. */
-static void split_rule(int64_t qlen, int64_t kv_len, int32_t *ns, int32_t *sl)
+static void split_rule(int64_t qlen, int64_t kv_len, int64_t split_keys, int32_t *ns, int32_t *sl)
 {
-    if (qlen > PA_CU_SPLIT_MAX_Q || kv_len <= 2 * PA_CU_SPLIT_KEYS) {
+    if (qlen > PA_CU_SPLIT_MAX_Q || kv_len <= 2 * split_keys) {
         *ns = 1;
         *sl = 0;
         return;
     }
-    int64_t len = PA_CU_SPLIT_KEYS;
+    int64_t len = split_keys;
     int64_t n = (kv_len + len - 1) / len;
     if (n > PA_CU_MAX_SPLITS) {
         len = (kv_len + PA_CU_MAX_SPLITS - 1) / PA_CU_MAX_SPLITS;
@@ -296,7 +303,7 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
     for (int32_t s = 0; s < S; s++) {
         const int64_t q = md->query_lens[s];
         kvl[s] = pa__kv_len(batch, type, s);
-        split_rule(q, kvl[s], &nsplit[s], &split_len[s]);
+        split_rule(q, kvl[s], ctx->split_keys, &nsplit[s], &split_len[s]);
         const int64_t tiles = (q * G + PA_CU_TILE_ROWS - 1) / PA_CU_TILE_ROWS;
         num_items += tiles * nsplit[s];
         if (q <= PA_CU_SPLIT_MAX_Q)

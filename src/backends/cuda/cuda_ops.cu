@@ -1,5 +1,5 @@
 /* cuda_ops.cu: cache write (reshape_and_cache_flash), block copies and merge_states on the
- * device. UNVERIFIED ON HARDWARE. Each kernel is one block per row of work with threads over
+ * device. Each kernel is one block per row of work with threads over
  * the contiguous elements, through the caches' strides (so NHD, HND and interleaved pools all
  * work, and elements outside the addressed blocks are never touched). */
 #include "cuda_common.cuh"

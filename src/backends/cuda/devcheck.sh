@@ -63,9 +63,14 @@ step grid 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
-for v in mma mma-pf mmat mmat4-pf; do
+for v in mma mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
+done
+PAGEDATTN_CUDA_PREFILL=ldm step grid_ldm 150 "$T/test_cuda_grid" &
+for k in 256 1024; do # other decode split lengths
+    PAGEDATTN_CUDA_SPLIT_KEYS=$k step grid_split$k 150 "$T/test_cuda_grid" "decoder" &
+    PAGEDATTN_CUDA_SPLIT_KEYS=$k step splits_split$k 90 "$T/test_cuda_splits" &
 done
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step splits_simt 90 "$T/test_cuda_splits" &
 wait
@@ -81,6 +86,8 @@ if [ -n "$SAN" ]; then
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
     step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_DECODE=mma step memcheck_mma 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_DECODE=mma step racecheck_mma 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
@@ -94,19 +101,20 @@ fi
 # as shipped, then decode with each variant of the decode kernel and prefill without tensor
 # cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
-for v in mma mma-pf mmat mmat4-pf simt off; do
+for v in mma mmat-pf mmat4 simt off; do
     PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
 done
+for k in 256 1024; do
+    PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
+done
 PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
+PAGEDATTN_CUDA_PREFILL=ldm step bench_prefill_ldm 90 "$CLI" bench --backend cuda --cases prefill
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1; then
     step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
-    step ncu_prefill 90 ncu --clock-control none --kernel-name regex:attn_mma --launch-skip 3 \
-        --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
 fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \

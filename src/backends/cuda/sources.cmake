@@ -61,7 +61,7 @@ if(NOT _pa_cuda_mode STREQUAL "OFF")
     endif()
     set(PAGEDATTN_CUDA_BUILT ON)
     message(STATUS "pagedattn: cuda backend ON (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
-                   "architectures ${CMAKE_CUDA_ARCHITECTURES}; unverified on hardware)")
+                   "architectures ${CMAKE_CUDA_ARCHITECTURES})")
   elseif(_pa_cuda_mode STREQUAL "ON")
     message(FATAL_ERROR "PAGEDATTN_CUDA=ON but no CUDA compiler was found: put nvcc on PATH or "
                         "set CMAKE_CUDA_COMPILER (or CUDACXX)")
