@@ -129,7 +129,7 @@ typedef struct pa_cu_ctx {
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
-    bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL) */
+    bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL=lds: off) */
 } pa_cu_ctx;
 
 /* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mma|mma-pf|mmat|mmat-pf|mmat4-pf|mmat4, for

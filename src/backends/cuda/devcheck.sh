@@ -67,7 +67,7 @@ for v in mma mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
-PAGEDATTN_CUDA_PREFILL=ldm step grid_ldm 150 "$T/test_cuda_grid" &
+PAGEDATTN_CUDA_PREFILL=lds step grid_lds 150 "$T/test_cuda_grid" &
 for k in 256 1024; do # other decode split lengths
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step grid_split$k 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step splits_split$k 90 "$T/test_cuda_splits" &
@@ -86,8 +86,8 @@ if [ -n "$SAN" ]; then
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
     step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=lds step memcheck_lds 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_DECODE=mma step memcheck_mma 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_DECODE=mma step racecheck_mma 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
@@ -108,7 +108,7 @@ for k in 256 1024; do
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
 done
 PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
-PAGEDATTN_CUDA_PREFILL=ldm step bench_prefill_ldm 90 "$CLI" bench --backend cuda --cases prefill
+PAGEDATTN_CUDA_PREFILL=lds step bench_prefill_lds 90 "$CLI" bench --backend cuda --cases prefill
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1; then
