@@ -77,6 +77,19 @@ __device__ __forceinline__ bool blocksparse_visible(const pa_cu_attn_params &P, 
     return (kb + P.bs_off[h]) % P.bs_vert == 0;
 }
 
+/* Adds head h's sink, if the layer has sinks, to a finished row's softmax state (mm, ll); returns
+ * the factor for the row's accumulator (the sink joins the denominator only, exactly once). */
+__device__ __forceinline__ float add_sink(const pa_cu_attn_params &P, int h, float &mm, float &ll)
+{
+    if (!P.has_sinks) return 1.f;
+    const float sink = P.sinks[h];
+    const float M2 = fmaxf(mm, sink);
+    const float a = mm == -INFINITY ? 0.f : expf(mm - M2);
+    ll = ll * a + expf(sink - M2);
+    mm = M2;
+    return a;
+}
+
 /* Eight consecutive cache elements at element offset `off` (a multiple of 8), as f32 (fp8
  * unscaled): one 16-byte load for f16/bf16, one 8-byte load for fp8. */
 __device__ __forceinline__ void load8(int dt, const void *base, int64_t off, float (&x)[8])
@@ -305,14 +318,8 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
         const int64_t t = row / G;
         const int h = rh[i];
         if (ns == 1) {
-            float mm = m[i], ll = l[i], a = 1.f;
-            if (P.has_sinks) {
-                const float sink = P.sinks[h];
-                const float M2 = fmaxf(mm, sink);
-                a = mm == -INFINITY ? 0.f : expf(mm - M2);
-                ll = ll * a + expf(sink - M2);
-                mm = M2;
-            }
+            float mm = m[i], ll = l[i];
+            const float a = add_sink(P, h, mm, ll);
             if (ll > 0.f) {
                 store_row<NI>(P, q0 + t, h, acc[i], a / ll, mm + logf(ll), lane);
             } else {
@@ -713,14 +720,8 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     /* finish each row: sinks once, normalize, store */
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        float mm = m[i], ll = l[i], a = 1.f;
-        if (P.has_sinks) {
-            const float sink = P.sinks[rh[i]];
-            const float M2 = fmaxf(mm, sink);
-            a = mm == -INFINITY ? 0.f : expf(mm - M2);
-            ll = ll * a + expf(sink - M2);
-            mm = M2;
-        }
+        float mm = m[i], ll = l[i];
+        const float a = add_sink(P, rh[i], mm, ll);
         const float inv = ll > 0.f ? a / ll : 0.f;
         if (!rv[i]) continue;
         const int64_t base = (q0 + rtok[i]) * P.out_rs + (int64_t)rh[i] * D;
@@ -828,14 +829,7 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
         const int h = hk * G + (int)(row - t * G);
         float mm = fin[r][0], ll = fin[r][1];
         if (ns == 1) {
-            float a = 1.f;
-            if (P.has_sinks) {
-                const float sink = P.sinks[h];
-                const float M2 = fmaxf(mm, sink);
-                a = mm == -INFINITY ? 0.f : expf(mm - M2);
-                ll = ll * a + expf(sink - M2);
-                mm = M2;
-            }
+            const float a = add_sink(P, h, mm, ll);
             const bool empty = !(ll > 0.f);
             pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
                         empty ? 0.f : o * (a / ll));
@@ -1013,218 +1007,78 @@ __device__ __forceinline__ int64_t dec_key_off(const pa_cu_attn_params &P, const
     return (int64_t)table[j / P.c_bs] * P.c_block + (int64_t)(j % P.c_bs) * P.c_token;
 }
 
+/* One 16-key step of a tensor-core decode warp (keys jb .. jb + 15, only those in [kbeg, kend)
+ * read; the rest zero): K rows jb + g and jb + 8 + g, real dims 32c + 8t4 .. + 8 (KC loads of 16
+ * bytes each); V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}, real dims [NT g, NT g + NT) (VW
+ * loads each). */
+template <int KC, int VW, int NT>
+__device__ __forceinline__ void dec_load_step(const pa_cu_attn_params &P, const int32_t *table, int jb,
+                                              int kbeg, int kend, int g, int t4, int64_t head_off,
+                                              const uint16_t *kc, const uint16_t *vc,
+                                              uint4 (&kr)[2][KC], uint4 (&vr)[4][VW])
+{
+#pragma unroll
+    for (int T = 0; T < 2; T++) {
+        const int j = jb + 8 * T + g;
+        if (j >= kbeg && j < kend) {
+            const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+#pragma unroll
+            for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < KC; cc++) kr[T][cc] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
+        if (j >= kbeg && j < kend) {
+            const int64_t base = dec_key_off(P, table, j) + head_off + NT * g;
+#pragma unroll
+            for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
+        } else {
+#pragma unroll
+            for (int w = 0; w < VW; w++) vr[i][w] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+/* The lines the same lane would load at step jn, asked of L2 ahead of time. */
+template <int KC, int NT>
+__device__ __forceinline__ void dec_prefetch_step(const pa_cu_attn_params &P, const int32_t *table, int jn,
+                                                  int kend, int g, int t4, int64_t head_off,
+                                                  const uint16_t *kc, const uint16_t *vc)
+{
+#pragma unroll
+    for (int T = 0; T < 2; T++) {
+        const int j = jn + 8 * T + g;
+        if (j < kend) {
+            const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+            prefetch_l2(kc + base);
+            if (KC > 2) prefetch_l2(kc + base + 64);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
+        if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
+    }
+}
+
 /* ---- tensor-core decode tiles (16-bit cache, q of the same dtype, head size 64 or 128) -----
  *
  * The same work items and results as decode_kernel, with the arithmetic on mma.sync so that a
- * warp spends its time waiting for memory, not computing: the tile's 8 rows are rows 0-7 of an
- * m16n8k16 product (rows 8-15 idle), each warp walks steps of 16 keys (warp w takes steps w,
- * w + 4, ...), and every K and V element reaches the lane that needs it as part of a 16-byte
- * load. That works because a sum does not care about the order of its terms: in S = Q K^T the
- * head dims of each 16-wide mma step are a permutation of real dims (lane quad t4 supplies real
- * dims 32c + 8t4 .. + 8, the same permutation applied to Q's fragments), and in O += P V the
- * mma's output column n of lane group g is real dim (D/8) g + n, so lane group g loads its
- * D/8 contiguous dims of the four keys its quad position t4 needs. P is rounded to the cache
- * dtype before P V (allowed by the contract). The warps' states merge in warp order. */
-template <int D, int CD, bool PF>
-__global__ void __launch_bounds__(DEC_THREADS) decode_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
-{
-    constexpr int NT = D / 8;  /* P V n-tiles; lane group g owns real dims [NT g, NT g + NT) */
-    constexpr int KC = D / 32; /* 16-byte K loads per key row (8 dims each) */
-    constexpr int VW = NT / 8; /* 16-byte V loads per key row (the lane group's NT dims) */
-    constexpr int NW = DEC_THREADS / 32;
-    constexpr bool BF = CD == PA_DTYPE_BF16;
-    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
-    PA_CU_STATIC_SMEM float sh_w[NW][8];
-    PA_CU_STATIC_SMEM float sh_l[NW][8];
-    PA_CU_STATIC_SMEM float sh_fin[8][2];
-
-    const pa_cu_item it = P.items[blockIdx.x];
-    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
-    const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
-    const int nr = (int)(tile_end - it.row0);
-    const int c = P.ctx_lens[s], kv_len = P.kv_lens[s];
-    const int ns = P.nsplit[s];
-    const int klo = ns == 1 ? 0 : it.split * P.split_len[s];
-    const int khi = ns == 1 ? kv_len : (int)min((int64_t)kv_len, (int64_t)klo + P.split_len[s]);
-    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
-    const int bs = P.c_bs;
-    const int64_t head_off = (int64_t)hk * P.c_head;
-    const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
-
-    /* this lane's row: g (rows 8-15 of the mma tile stay empty) */
-    const bool rv = g < nr;
-    const int64_t t = rv ? (it.row0 + g) / G : 0;
-    const int h = hk * G + (rv ? (int)(it.row0 + g - t * G) : 0);
-    const int rp = c + (int)t;
-    int rlo, rhi;
-    {
-        int64_t lo64, hi64;
-        key_range(P, rp, kv_len, &lo64, &hi64);
-        rlo = (int)max(lo64, (int64_t)klo);
-        rhi = (int)min(hi64, (int64_t)khi);
-        if (!rv || rhi < rlo) rhi = rlo;
-    }
-    int kbeg = rhi > rlo ? rlo : INT32_MAX, kend = rhi > rlo ? rhi : 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        kbeg = min(kbeg, __shfl_xor_sync(0xffffffffu, kbeg, o));
-        kend = max(kend, __shfl_xor_sync(0xffffffffu, kend, o));
-    }
-
-    /* Q fragments a0 (row g, real dims d, d+1) and a2 (d+2, d+3), d = 32c + 8t4 + 4 half */
-    uint32_t qa[D / 16][2];
-    {
-        const uint16_t *qb = (const uint16_t *)P.q + (q0 + t) * P.q_rs + (int64_t)h * D;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const int d = 32 * (ks >> 1) + 8 * t4 + 4 * (ks & 1);
-            qa[ks][0] = rv ? pack16(qb[d], qb[d + 1]) : 0u;
-            qa[ks][1] = rv ? pack16(qb[d + 2], qb[d + 3]) : 0u;
-        }
-    }
-    float o[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m = -INFINITY, l = 0.f; /* l: this lane's part of row g's sum */
-    const float kmul = P.scale;
-
-    const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
-    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
-        if (PF && kend - jb > 16 * NW) { /* this warp's next step, into L2 */
-            const int jn = jb + 16 * NW;
-#pragma unroll
-            for (int T = 0; T < 2; T++) {
-                const int j = jn + 8 * T + g;
-                if (j < kend) {
-                    const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
-                    prefetch_l2(kc + base);
-                    if (KC > 2) prefetch_l2(kc + base + 64);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
-                if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
-            }
-        }
-        /* K rows jb + g (S tile 0) and jb + 8 + g (tile 1): dims 32c + 8t4 .. + 8 */
-        uint4 kr[2][KC];
-#pragma unroll
-        for (int T = 0; T < 2; T++) {
-            const int j = jb + 8 * T + g;
-            if (j >= kbeg && j < kend) {
-                const int64_t base = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token + head_off + 8 * t4;
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
-            } else {
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) kr[T][cc] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-        /* V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}: real dims [NT g, NT g + NT) */
-        uint4 vr[4][VW];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
-            if (j >= kbeg && j < kend) {
-                const int64_t base = (int64_t)table[j / bs] * P.c_block + (int64_t)(j % bs) * P.c_token + head_off + NT * g;
-#pragma unroll
-                for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
-            } else {
-#pragma unroll
-                for (int w = 0; w < VW; w++) vr[i][w] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-
-        /* S = Q K^T for the two tiles of 8 keys */
-        float sc[2][4];
-#pragma unroll
-        for (int T = 0; T < 2; T++) {
-            sc[T][0] = sc[T][1] = sc[T][2] = sc[T][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-                const uint4 &r = kr[T][ks >> 1];
-                const uint32_t a[4] = {qa[ks][0], 0u, qa[ks][1], 0u};
-                const uint32_t b[2] = {(ks & 1) ? r.z : r.x, (ks & 1) ? r.w : r.y};
-                mma16816(sc[T], a, b, BF);
-            }
-        }
-        /* row g's scores of keys jb + 2t4 + {0, 1, 8, 9} -> probabilities */
-        float x[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int j = jb + 8 * (e >> 1) + 2 * t4 + (e & 1);
-            float v = -INFINITY;
-            if (j >= rlo && j < rhi && blocksparse_visible(P, h, rp, j)) {
-                v = sc[e >> 1][e & 1] * kmul;
-                if (P.softcap > 0.f) v = P.softcap * tanhf(v / P.softcap);
-                if (P.has_alibi) v -= P.alibi[h] * (float)(j > rp ? j - rp : rp - j);
-            }
-            x[e] = v;
-        }
-        float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);
-        const float alpha = m_new == -INFINITY ? 1.f : expf(m - m_new); /* m = -inf: 0 */
-        uint16_t p16[4];
-        float psum = 0.f;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float p = x[e] == -INFINITY ? 0.f : expf(x[e] - m_new);
-            psum += p;
-            p16[e] = f32_to_16(p, BF);
-        }
-        l = l * alpha + psum;
-        m = m_new;
-#pragma unroll
-        for (int n = 0; n < NT; n++) o[n][0] *= alpha, o[n][1] *= alpha;
-        const uint32_t pa[4] = {pack16(p16[0], p16[1]), 0u, pack16(p16[2], p16[3]), 0u};
-
-        /* O += P V: column g of n-tile n is real dim NT g + n, element n of the loaded slices */
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const int w = n >> 1, q = w >> 2, cpt = w & 3;
-            uint32_t wv[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint4 &r = vr[i][q];
-                wv[i] = cpt == 0 ? r.x : cpt == 1 ? r.y : cpt == 2 ? r.z : r.w;
-            }
-            uint32_t b[2];
-            if (n & 1) {
-                b[0] = (wv[0] >> 16) | (wv[1] & 0xffff0000u);
-                b[1] = (wv[2] >> 16) | (wv[3] & 0xffff0000u);
-            } else {
-                b[0] = (wv[0] & 0xffffu) | (wv[1] << 16);
-                b[1] = (wv[2] & 0xffffu) | (wv[3] << 16);
-            }
-            mma16816(o[n], pa, b, BF);
-        }
-    }
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-
-    /* o[n][0] = O[g][NT 2t4 + n], o[n][1] = O[g][NT (2t4 + 1) + n] */
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-        sh_acc[warp][g][NT * 2 * t4 + n] = o[n][0];
-        sh_acc[warp][g][NT * (2 * t4 + 1) + n] = o[n][1];
-    }
-    if (t4 == 0) {
-        sh_w[warp][g] = m;
-        sh_l[warp][g] = l;
-    }
-    __syncthreads();
-    dec_merge_store<D, NW, 8>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
-}
-
-/* The same decode tile with the products transposed: S^T = K Q^T (16 keys x the 8 rows) and
- * O^T += V^T P^T (16 dims x 8 rows), so that no half of an mma tile idles and a lane keeps 32
- * accumulators instead of 64 (more warps fit on a multiprocessor to keep loads in flight). K
- * and V arrive as in decode_mma_kernel (the same loads); P^T's fragments are gathered from the
+ * warp spends its time waiting for memory, not computing. Every K and V element reaches the lane
+ * that needs it as part of a 16-byte load, because a sum does not care about the order of its
+ * terms: the head dims of each 16-wide mma step are a permutation of real dims (lane quad t4
+ * supplies real dims 32c + 8t4 .. + 8, the same permutation applied to Q's fragments), and the
+ * keys of a 16-key step are taken in the order the fragments want them. (A first version
+ * computed S = Q K^T with the tile's 8 rows as mma rows 0-7, rows 8-15 idle: 202 registers,
+ * 46% of the copy bandwidth on an H200; the transposed form below reached 70%.) */
+/* The products transposed: S^T = K Q^T (16 keys x the tile's 8 rows) and O^T += V^T P^T (16
+ * dims x 8 rows), so that no half of an mma tile idles and a lane keeps 32 accumulators, not
+ * 64 (more warps fit on a multiprocessor to keep loads in flight). K and V arrive by
+ * dec_load_step, four warps walk interleaved 16-key steps; P^T's fragments are gathered from the
  * S^T accumulators with four shuffles of packed 16-bit pairs per 16 keys. Lane (g, t4) owns
  * rows 2t4 and 2t4 + 1 in S^T and O^T; O^T row g of m-tile mt is real dim (D/8) g + 2 mt (and
  * + 1 for row g + 8). */
@@ -1305,51 +1159,10 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
 
     const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
     for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
-        if (PF && kend - jb > 16 * NW) {
-            const int jn = jb + 16 * NW;
-#pragma unroll
-            for (int T = 0; T < 2; T++) {
-                const int j = jn + 8 * T + g;
-                if (j < kend) {
-                    const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
-                    prefetch_l2(kc + base);
-                    if (KC > 2) prefetch_l2(kc + base + 64);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
-                if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
-            }
-        }
-        /* K rows jb + g and jb + 8 + g (A rows g and g + 8), dims 32c + 8t4 .. + 8 */
-        uint4 kr[2][KC];
-#pragma unroll
-        for (int T = 0; T < 2; T++) {
-            const int j = jb + 8 * T + g;
-            if (j >= kbeg && j < kend) {
-                const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
-            } else {
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) kr[T][cc] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-        /* V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}, real dims [NT g, NT g + NT) */
-        uint4 vr[4][VW];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
-            if (j >= kbeg && j < kend) {
-                const int64_t base = dec_key_off(P, table, j) + head_off + NT * g;
-#pragma unroll
-                for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
-            } else {
-#pragma unroll
-                for (int w = 0; w < VW; w++) vr[i][w] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
+        if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
+            dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
+        uint4 kr[2][KC], vr[4][VW];
+        dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
 
         /* S^T = K Q^T: c0 (key jb + g, row 2t4), c1 (.., 2t4 + 1), c2/c3 key jb + 8 + g */
         float sc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -1458,8 +1271,6 @@ template <int D>
 dec_fn dec_pick_mma(int variant, bool bf)
 {
     switch (variant) {
-    case PA_CU_DEC_MMA: return bf ? decode_mma_kernel<D, PA_DTYPE_BF16, false> : decode_mma_kernel<D, PA_DTYPE_F16, false>;
-    case PA_CU_DEC_MMA_PF: return bf ? decode_mma_kernel<D, PA_DTYPE_BF16, true> : decode_mma_kernel<D, PA_DTYPE_F16, true>;
     case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
     case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
     case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;

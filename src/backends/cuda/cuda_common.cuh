@@ -132,23 +132,21 @@ typedef struct pa_cu_ctx {
     bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL=lds: off) */
 } pa_cu_ctx;
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mma|mma-pf|mmat|mmat-pf|mmat4-pf|mmat4, for
- * A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode
- * kernel without tensor cores, mma / mmat = tensor-core decode (S = QK^T or S^T = KQ^T), -pf =
- * with L2 prefetch of the next step. The tensor-core ones apply to 16-bit q == cache dtype and
- * head size 64/128; others fall to simt. */
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
+ * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the
+ * decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T), -pf = with L2
+ * prefetch of the next step, mmat4 = capped at 128 registers. The tensor-core ones apply to
+ * 16-bit q == cache dtype and head size 64/128; other layers take simt. */
 enum {
     PA_CU_DEC_OFF,
     PA_CU_DEC_SIMT,
-    PA_CU_DEC_MMA,
-    PA_CU_DEC_MMA_PF,
     PA_CU_DEC_MMAT,
     PA_CU_DEC_MMAT_PF,
-    PA_CU_DEC_MMAT4_PF, /* mmat-pf capped at 128 registers: 4 blocks per multiprocessor */
-    PA_CU_DEC_MMAT4,    /* mmat capped at 128 registers */
+    PA_CU_DEC_MMAT4_PF,
+    PA_CU_DEC_MMAT4,
 };
-/* mmat: 69.7% of the copy bandwidth on an H200 (decode 64 x 4096 bf16; mma 46%, the L2
- * prefetch variants and the 128-register cap slower: bench/NOTES of the cuda backend) */
+/* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, mmat-pf
+ * 58.8%, the general SIMT kernel 17.4% (NOTES.md) */
 #define PA_CU_DEC_DEFAULT PA_CU_DEC_MMAT
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s
