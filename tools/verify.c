@@ -9,6 +9,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef PA_TOOL_HAVE_CUDA
+#  include <cuda_runtime_api.h>
+
+/* A device backend runs the grid with its buffers staged through device memory (the same staging
+ * as tests/test_cuda_grid.c); every copy waits for the device on both sides. */
+static void *dev_alloc(size_t n)
+{
+    void *p = NULL;
+    return cudaMalloc(&p, n ? n : 1) == cudaSuccess ? p : NULL;
+}
+static void dev_free(void *p) { (void)cudaFree(p); }
+static int dev_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    return cudaDeviceSynchronize() != cudaSuccess || cudaMemcpy(dst, src, n, kind) != cudaSuccess ||
+           cudaDeviceSynchronize() != cudaSuccess;
+}
+static int dev_to_device(void *dst, const void *src, size_t n) { return dev_copy(dst, src, n, cudaMemcpyHostToDevice); }
+static int dev_to_host(void *dst, const void *src, size_t n) { return dev_copy(dst, src, n, cudaMemcpyDeviceToHost); }
+static const grid_device_hooks cuda_hooks = {dev_alloc, dev_free, dev_to_device, dev_to_host};
+#endif
+
 int pa_tool_verify(int argc, char **argv)
 {
     const char *backends = NULL, *filter = NULL;
@@ -48,8 +69,19 @@ int pa_tool_verify(int argc, char **argv)
             printf("backend %s: unavailable here (%s); skipped\n", name, why);
             continue;
         }
+        const int device = pa_backend_memory(b) != PA_MEMORY_HOST;
+        if (device) {
+#ifdef PA_TOOL_HAVE_CUDA
+            grid_set_device_hooks(&cuda_hooks);
+#else
+            printf("backend %s: needs device buffers and this tool was built without the CUDA runtime; "
+                   "skipped\n", name);
+            continue;
+#endif
+        }
         printf("== backend %s vs reference ==\n", name);
         failures += grid_run_all(b, filter, threads, stdout);
+        if (device) grid_set_device_hooks(NULL);
     }
     printf("%s\n", failures ? "verify: FAILED" : "verify: all cases passed");
     return failures ? 1 : 0;
