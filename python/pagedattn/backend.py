@@ -11,6 +11,7 @@ pagedattn.
 """
 
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -749,12 +750,16 @@ _backends = {}
 
 def get_attn_backend(name=None):
     """The attention backend object for library backend ``name`` (default: ``$PAGEDATTN_BACKEND``
-    or the best available one). Raises ValueError for an unknown name and NotImplementedError
-    for one that cannot run on this machine."""
-    if name is None:
+    or the best available backend that reads host memory: this package passes numpy arrays and
+    CPU tensors). Raises ValueError for an unknown name and NotImplementedError for one that
+    cannot run on this machine."""
+    if name is None and os.environ.get("PAGEDATTN_BACKEND"):
         out = L.pa_backend_p()
         L.check(L.lib.pa_backend_select(None, None, ctypes.byref(out)), "get_attn_backend")
         name = L.lib.pa_backend_name(out).decode()
+    elif name is None:
+        host = [n for n in available_backends() if L.backend_memory(n) == L.PA_MEMORY_HOST]
+        name = host[0] if host else "reference"
     name = str(name)
     b = _backends.get(name)
     if b is None:

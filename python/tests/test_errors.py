@@ -230,3 +230,14 @@ def test_device_backend_refuses_host_arrays(rng):
         pa.flash_attn_varlen_func(*args, out=out, backend=devs[0], **kw)
     assert "memory" in str(e.value)
     assert (out == 7.0).all()
+
+
+def test_default_backend_reads_host_memory():
+    """get_attn_backend() with no name (and no $PAGEDATTN_BACKEND) gives a backend that can take
+    this package's host arrays, even where a device backend can run."""
+    import os
+    from pagedattn import _lib
+    if os.environ.get("PAGEDATTN_BACKEND"):
+        pytest.skip("PAGEDATTN_BACKEND is set")
+    b = pa.get_attn_backend()
+    assert _lib.backend_memory(b.get_name()) == _lib.PA_MEMORY_HOST
