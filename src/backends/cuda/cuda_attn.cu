@@ -460,13 +460,15 @@ __device__ __forceinline__ void cp_async_commit()
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
-/* Waits until at most one committed group of this thread is still in flight. */
-__device__ __forceinline__ void cp_async_wait_1()
+/* Waits until at most N committed groups of this thread are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
 {
 #ifndef PA_CU_EMULATE
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
+__device__ __forceinline__ void cp_async_wait_1() { cp_async_wait<1>(); }
 
 /* ldmatrix .x4: four 8x8 matrices of 16-bit elements from shared memory; lane l gives the
  * address of row l % 8 of matrix l / 8; lane t gets, of matrix i, (row t/4, cols 2(t%4), +1) or
@@ -1082,7 +1084,7 @@ __device__ __forceinline__ void dec_prefetch_step(const pa_cu_attn_params &P, co
  * S^T accumulators with four shuffles of packed 16-bit pairs per 16 keys. Lane (g, t4) owns
  * rows 2t4 and 2t4 + 1 in S^T and O^T; O^T row g of m-tile mt is real dim (D/8) g + 2 mt (and
  * + 1 for row g + 8). */
-template <int D, int CD, bool PF, int MINB>
+template <int D, int CD, bool PF, int MINB, int ST>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
@@ -1091,7 +1093,19 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr int VW = NT / 8; /* 16-byte V loads per key row */
     constexpr int NW = DEC_THREADS / 32;
     constexpr bool BF = CD == PA_DTYPE_BF16;
-    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
+    constexpr int SLOTS = 2 * KC + 4 * VW; /* a lane's 16-byte loads per step */
+    constexpr int STM = ST > 0 ? ST : 1;
+    /* ST > 0: the loads go by cp.async into a per-warp ring of ST steps in dynamic shared memory
+     * (ST * SLOTS * 32 uint4 per warp, each lane reading back only what it copied), ST - 1 steps
+     * ahead of the one computed; the ring's memory then holds the merge's accumulators. */
+    PA_CU_STATIC_SMEM float sh_acc_static[ST == 0 ? NW : 1][8][ST == 0 ? D : 1];
+    float(*sh_acc)[8][D] = (float(*)[8][D])sh_acc_static;
+    uint4 *ring = nullptr;
+    if (ST > 0) {
+        PA_CU_DYN_SMEM(uint4, dec_ring_smem);
+        sh_acc = (float(*)[8][D])dec_ring_smem;
+        ring = dec_ring_smem + (size_t)(threadIdx.x >> 5) * ST * SLOTS * 32;
+    }
     PA_CU_STATIC_SMEM float sh_w[NW][8];
     PA_CU_STATIC_SMEM float sh_l[NW][8];
     PA_CU_STATIC_SMEM float sh_fin[8][2];
@@ -1158,11 +1172,51 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     const bool hi_half = (g & 1) != 0;
 
     const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
-    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
-        if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
-            dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
+    /* ST > 0: step jn's copies into ring stage `stage` (none past the range; a group either way) */
+    auto issue = [&](int64_t jn, int stage) {
+        if (jn < kend) {
+            uint4 *dst = ring + (size_t)stage * SLOTS * 32 + lane;
+#pragma unroll
+            for (int T = 0; T < 2; T++) {
+                const int j = (int)jn + 8 * T + g;
+                const bool ok = j >= kbeg && j < kend;
+                const uint16_t *src = kc + (ok ? dec_key_off(P, table, j) + head_off + 8 * t4 : 0);
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) cp_async16(dst + (T * KC + cc) * 32, src + 32 * cc, ok);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = (int)jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
+                const bool ok = j >= kbeg && j < kend;
+                const uint16_t *src = vc + (ok ? dec_key_off(P, table, j) + head_off + NT * g : 0);
+#pragma unroll
+                for (int w = 0; w < VW; w++) cp_async16(dst + (2 * KC + i * VW + w) * 32, src + 8 * w, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    if (ST > 0)
+        for (int k = 0; k < ST - 1; k++) issue((int64_t)chunk0 + 16 * warp + (int64_t)k * 16 * NW, k);
+    int iter = 0;
+    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend, iter++) {
         uint4 kr[2][KC], vr[4][VW];
-        dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
+        if (ST > 0) {
+            issue((int64_t)jb + (int64_t)(ST - 1) * 16 * NW, (iter + ST - 1) % STM);
+            cp_async_wait<STM - 1>(); /* this step's group has landed */
+            const uint4 *src = ring + (size_t)(iter % STM) * SLOTS * 32 + lane;
+#pragma unroll
+            for (int T = 0; T < 2; T++)
+#pragma unroll
+                for (int cc = 0; cc < KC; cc++) kr[T][cc] = src[(T * KC + cc) * 32];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int w = 0; w < VW; w++) vr[i][w] = src[(2 * KC + i * VW + w) * 32];
+        } else {
+            if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
+                dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
+            dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
+        }
 
         /* S^T = K Q^T: c0 (key jb + g, row 2t4), c1 (.., 2t4 + 1), c2/c3 key jb + 8 + g */
         float sc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -1238,6 +1292,10 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
     }
+    if (ST > 0) {
+        cp_async_wait<0>();
+        __syncthreads(); /* every warp is done with the ring: it becomes sh_acc */
+    }
     /* o[mt][r] = O[row 2t4 + r][NT g + 2 mt], o[mt][2 + r] = O[row 2t4 + r][NT g + 2 mt + 1] */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -1271,12 +1329,28 @@ template <int D>
 dec_fn dec_pick_mma(int variant, bool bf)
 {
     switch (variant) {
-    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
-    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
-    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;
-    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4>;
+    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 0>;
+    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1, 0>;
+    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4, 0>;
+    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4, 0>;
+    case PA_CU_DEC_MMAT_CP2: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 2> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 2>;
+    case PA_CU_DEC_MMAT_CP3: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 3> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 3>;
     default: return nullptr;
     }
+}
+dec_fn dec_pick_mma_any(int variant, int head_size, bool bf)
+{
+    return head_size == 64 ? dec_pick_mma<64>(variant, bf) : head_size == 128 ? dec_pick_mma<128>(variant, bf) : nullptr;
+}
+/* Dynamic shared memory of decode kernel `fn` of `variant` (its cp.async ring, 0 for the others). */
+size_t dec_ring_bytes(int variant, int head_size, dec_fn fn)
+{
+    const int st = variant == PA_CU_DEC_MMAT_CP2 ? 2 : variant == PA_CU_DEC_MMAT_CP3 ? 3 : 0;
+    if (!st || head_size % 64) return 0;
+    /* a tensor-core kernel only (simt fallbacks for other head sizes or dtypes take none) */
+    if (fn != dec_pick_mma_any(variant, head_size, true) && fn != dec_pick_mma_any(variant, head_size, false)) return 0;
+    const int slots = 2 * (head_size / 32) + 4 * (head_size / 64);
+    return (size_t)(DEC_THREADS / 32) * st * slots * 32 * 16;
 }
 dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 {
@@ -1316,6 +1390,16 @@ const bucket *find_bucket(int head_size)
 
 pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
 {
+    /* the cp.async decode variants' rings (64 KB at head 128 with 2 stages) */
+    for (int v = PA_CU_DEC_MMAT_CP2; v <= PA_CU_DEC_MMAT_CP3; v++)
+        for (int d = 64; d <= 128; d += 64)
+            for (int bf = 0; bf < 2; bf++) {
+                const dec_fn fn = dec_pick_mma_any(v, d, bf != 0);
+                const size_t need = dec_ring_bytes(v, d, fn);
+                if (fn && need > 48 * 1024 && need <= ctx->smem_optin)
+                    PA_CU_TRY(cudaFuncSetAttribute((const void *)fn,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
+            }
     for (const bucket &b : kBuckets) {
         size_t need = pa_cu_attn_smem(b.max_d);
         if (need > ctx->smem_optin) need = ctx->smem_optin;
@@ -1350,7 +1434,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pa_cu_attn_params pd = *p;
         pd.items = plan->small_items;
         dim3 grid((unsigned)n_dec, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
+        PA_CU_LAUNCH(dec, grid, DEC_THREADS, dec_ring_bytes(ctx->decode_variant, p->head_size, dec), ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
     }
     if (n_simt > 0) {

@@ -132,10 +132,11 @@ typedef struct pa_cu_ctx {
     bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL=lds: off) */
 } pa_cu_ctx;
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
- * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the
- * decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T), -pf = with L2
- * prefetch of the next step, mmat4 = capped at 128 registers. The tensor-core ones apply to
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4|
+ * mmat-cp2|mmat-cp3, for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT
+ * kernel, simt = the decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T),
+ * -pf = with L2 prefetch of the next step, mmat4 = capped at 128 registers, -cp2/-cp3 = loads by
+ * cp.async through a per-warp shared ring 2/3 steps deep (not yet run on a GPU). The tensor-core ones apply to
  * 16-bit q == cache dtype and head size 64/128; other layers take simt. */
 enum {
     PA_CU_DEC_OFF,
@@ -144,6 +145,8 @@ enum {
     PA_CU_DEC_MMAT_PF,
     PA_CU_DEC_MMAT4_PF,
     PA_CU_DEC_MMAT4,
+    PA_CU_DEC_MMAT_CP2, /* mmat with loads by cp.async into a per-warp ring of 2 / 3 steps */
+    PA_CU_DEC_MMAT_CP3,
 };
 /* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, mmat-pf
  * 58.8%, the general SIMT kernel 17.4% (NOTES.md) */

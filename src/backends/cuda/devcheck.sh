@@ -63,7 +63,7 @@ step grid 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
-for v in simt mmat4; do
+for v in simt mmat4 mmat-cp2 mmat-cp3; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
@@ -88,6 +88,8 @@ if [ -n "$SAN" ]; then
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_PREFILL=lds step memcheck_lds 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_DECODE=mmat-cp2 step memcheck_cp2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DECODE=mmat-cp2 step racecheck_cp2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
@@ -100,7 +102,7 @@ fi
 # as shipped, then decode with each variant of the decode kernel and prefill without tensor
 # cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
-for v in mmat-pf mmat4 simt off; do
+for v in mmat-cp2 mmat-cp3 mmat-pf mmat4 simt off; do
     PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
 done
 for k in 256 1024; do
