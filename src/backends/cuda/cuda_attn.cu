@@ -77,6 +77,15 @@ __device__ __forceinline__ bool blocksparse_visible(const pa_cu_attn_params &P, 
     return (kb + P.bs_off[h]) % P.bs_vert == 0;
 }
 
+/* The logit of visible key j for a row of head h at position p, from its scaled dot product:
+ * the soft-cap, then ALiBi's distance penalty (every kernel's one definition of it). */
+__device__ __forceinline__ float logit(const pa_cu_attn_params &P, float x, int h, int64_t p, int64_t j)
+{
+    if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
+    if (P.has_alibi) x -= P.alibi[h] * (float)(j > p ? j - p : p - j);
+    return x;
+}
+
 /* Adds head h's sink, if the layer has sinks, to a finished row's softmax state (mm, ll); returns
  * the factor for the row's accumulator (the sink joins the denominator only, exactly once). */
 __device__ __forceinline__ float add_sink(const pa_cu_attn_params &P, int h, float &mm, float &ll)
@@ -279,14 +288,7 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
             bool vis = lane < nk && j >= rlo[i] && j < rhi[i] &&
                        blocksparse_visible(P, rh[i], rp[i], j);
             float sc = -INFINITY;
-            if (vis) {
-                sc = dot[i] * P.scale;
-                if (P.softcap > 0.f) sc = P.softcap * tanhf(sc / P.softcap);
-                if (P.has_alibi) {
-                    const int64_t dist = j > rp[i] ? j - rp[i] : rp[i] - j;
-                    sc -= P.alibi[rh[i]] * (float)dist;
-                }
-            }
+            if (vis) sc = logit(P, dot[i] * P.scale, rh[i], rp[i], j);
             const float cmax = warp_max(sc);
             const float m_new = fmaxf(m[i], cmax);
             if (m_new == -INFINITY) continue; /* nothing visible yet: warp-uniform */
@@ -642,14 +644,7 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
                 const bool vis = j - kb < nk && j >= rlo[i] && j < rhi[i] &&
                                  blocksparse_visible(P, rh[i], rp[i], j);
                 float x = -INFINITY;
-                if (vis) {
-                    x = sc[nt][e] * P.scale;
-                    if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
-                    if (P.has_alibi) {
-                        const int64_t dist = j > rp[i] ? j - rp[i] : rp[i] - j;
-                        x -= P.alibi[rh[i]] * (float)dist;
-                    }
-                }
+                if (vis) x = logit(P, sc[nt][e] * P.scale, rh[i], rp[i], j);
                 sc[nt][e] = x;
                 mx[i] = fmaxf(mx[i], x);
             }
@@ -934,14 +929,8 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
                     for (int o = L / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
                     const int j = jj[u];
                     float x = -INFINITY;
-                    if (j >= rlo[r] && j < rhi[r] && blocksparse_visible(P, rh[r], rp[r], j)) {
-                        x = dot * kmul;
-                        if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
-                        if (P.has_alibi) {
-                            const int dist = j > rp[r] ? j - rp[r] : rp[r] - j;
-                            x -= P.alibi[rh[r]] * (float)dist;
-                        }
-                    }
+                    if (j >= rlo[r] && j < rhi[r] && blocksparse_visible(P, rh[r], rp[r], j))
+                        x = logit(P, dot * kmul, rh[r], rp[r], j);
                     sc[u][r] = x;
                 }
             }
@@ -1234,11 +1223,8 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             const int i = 1 + (e & 1); /* row 2t4 + (e & 1) */
             const int j = jb + g + 8 * (e >> 1);
             float v = -INFINITY;
-            if (j >= rlo[i] && j < rhi[i] && blocksparse_visible(P, rh[i], rp[i], j)) {
-                v = sc[e] * kmul;
-                if (P.softcap > 0.f) v = P.softcap * tanhf(v / P.softcap);
-                if (P.has_alibi) v -= P.alibi[rh[i]] * (float)(j > rp[i] ? j - rp[i] : rp[i] - j);
-            }
+            if (j >= rlo[i] && j < rhi[i] && blocksparse_visible(P, rh[i], rp[i], j))
+                v = logit(P, sc[e] * kmul, rh[i], rp[i], j);
             x[e] = v;
         }
         uint16_t p16[4];
