@@ -31,6 +31,12 @@ _Static_assert(CPU_ROWS <= CPU_KT, "query rows reuse the key-row pointer array")
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 
+/* Rows a decode kernel call should prefetch for the next one: n rows of `bytes` each. */
+typedef struct pa__cpu_pf {
+    const void *const *rows;
+    int n, bytes;
+} pa__cpu_pf;
+
 /* The hot loops; the generic table is always filled, ISA files override entries. All fp32
  * buffers are 64-byte aligned, rows dp (multiple of CPU_DPAD) floats apart. */
 typedef struct pa__cpu_kernels {
@@ -54,11 +60,15 @@ typedef struct pa__cpu_kernels {
     void (*qk_t)(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds);
     /* Optional (NULL: convert to scratch with load_rows, then qk / pv). The same products
      * straight from the cache rows, converting in registers; only for head_size % 16 == 0
-     * (so dp == d) and short tiles (decode). */
+     * (so dp == d) and short tiles (decode). pf (NULL: none) names the rows that the next call
+     * will read; a table with pf_spread set prefetches them itself, spread over its loops, and
+     * the driver prefetches them in one sweep before the call otherwise. */
     void (*qk_src)(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
-                   float *s, int lds);
+                   float *s, int lds, const struct pa__cpu_pf *pf);
     void (*pv_src)(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
-                   int dp, const float *alpha, const unsigned char *colmask, float *o);
+                   int dp, const float *alpha, const unsigned char *colmask, float *o,
+                   const struct pa__cpu_pf *pf);
+    bool pf_spread;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
 } pa__cpu_kernels;

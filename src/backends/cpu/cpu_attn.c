@@ -119,18 +119,32 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *cons
     }
 }
 
-/* Prefetch of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of
+/* The rows of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of
  * heads 0..nkv-1, then K of the next tile's heads (nnc keys; none when there is none). */
-static inline __attribute__((always_inline)) void decode_prefetch(const void *kr[][CPU_KT], const void *vr[][CPU_KT],
-                            const void *nkr[][CPU_KT], int nkv, int i, int nc, int nnc,
-                            int64_t row_bytes)
+static pa__cpu_pf decode_rows(const void *kr[][CPU_KT], const void *vr[][CPU_KT], const void *nkr[][CPU_KT],
+                              int nkv, int i, int nc, int nnc, int64_t row_bytes)
 {
-    if (i < nkv) prefetch_rows(kr[i], nc, row_bytes);
-    else if (i < 2 * nkv) prefetch_rows(vr[i - nkv], nc, row_bytes);
+    pa__cpu_pf pf = {NULL, 0, (int)row_bytes};
+    if (i < nkv) pf.rows = kr[i], pf.n = nc;
+    else if (i < 2 * nkv) pf.rows = vr[i - nkv], pf.n = nc;
     else {
         int j = i - 2 * nkv; /* >= 0 here; said again so that gcc's -Warray-bounds sees it */
-        if (j >= 0 && j < nkv && j < CPU_DECODE_PF && nnc) prefetch_rows(nkr[j], nnc, row_bytes);
+        if (j >= 0 && j < nkv && j < CPU_DECODE_PF && nnc) pf.rows = nkr[j], pf.n = nnc;
     }
+    return pf;
+}
+
+/* Prefetch of kernel call i: by the kernel table when it spreads prefetches over its loops
+ * (returns the rows to pass it; NULL when there are none), else here, in one sweep (NULL). */
+static inline __attribute__((always_inline)) const pa__cpu_pf *
+decode_prefetch(const pa__cpu_kernels *K, pa__cpu_pf *pf, const void *kr[][CPU_KT], const void *vr[][CPU_KT],
+                const void *nkr[][CPU_KT], int nkv, int i, int nc, int nnc, int64_t row_bytes)
+{
+    *pf = decode_rows(kr, vr, nkr, nkv, i, nc, nnc, row_bytes);
+    if (!pf->n) return NULL;
+    if (K->pf_spread) return pf;
+    prefetch_rows(pf->rows, pf->n, row_bytes);
+    return NULL;
 }
 
 /* Block-sparse visibility of the keys [a, b) from row (h, p): 0 none, 1 all, 2 some. The rule
@@ -309,7 +323,10 @@ static void run_item(void *arg, int64_t index, int thread)
                 nnc = e < uhi ? (int)(ne - e) : 0;
                 for (int k = 0; k < dpf && k < it->nkv && nnc; k++) key_rows_kv(&ks[k], e, nnc, nkr[k], nvr);
                 /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
-                for (int k = 0; k < dpf && first; k++) decode_prefetch(kr, vr, nkr, it->nkv, k, nc, nnc, row_bytes);
+                for (int k = 0; k < dpf && first; k++) {
+                    pa__cpu_pf r = decode_rows(kr, vr, nkr, it->nkv, k, nc, nnc, row_bytes);
+                    prefetch_rows(r.rows, r.n, row_bytes);
+                }
                 first = false;
             }
             /* K of every KV head (head after head: whole blocks front to back in HND), scores */
@@ -317,8 +334,10 @@ static void run_item(void *arg, int64_t index, int thread)
                 float *kk = sc->k + (size_t)k * kt * dp;
                 float *sk = sc->s + (size_t)k * nrk * CPU_KT;
                 if (direct) {
-                    if (dpf) decode_prefetch(kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes);
-                    K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT);
+                    pa__cpu_pf pfr;
+                    const pa__cpu_pf *pf =
+                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes) : NULL;
+                    K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
                 } else if (transposed) {
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows_t(ks[k].dtype, sc->rows, nc, d, dp, kk);
@@ -361,9 +380,12 @@ static void run_item(void *arg, int64_t index, int thread)
                 }
                 float *vv = sc->v + (size_t)k * kt * dp;
                 if (direct) {
-                    if (dpf) decode_prefetch(kr, vr, nkr, it->nkv, it->nkv + k + dpf, nc, nnc, row_bytes);
+                    pa__cpu_pf pfr;
+                    const pa__cpu_pf *pf = dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, it->nkv + k + dpf,
+                                                                 nc, nnc, row_bytes)
+                                               : NULL;
                     K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
-                              sc->o + (size_t)k * nrk * dp);
+                              sc->o + (size_t)k * nrk * dp, pf);
                 } else {
                     key_rows(&ks[k], true, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);

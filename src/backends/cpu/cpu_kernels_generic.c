@@ -97,4 +97,5 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->load_rows_t = NULL;
     k->qk_t = NULL;
     k->pv_src = NULL;
+    k->pf_spread = false;
 }

@@ -421,8 +421,9 @@ PA__INLINE void pv_src_body(pa_dtype dt, const void *const *vrows, int nc, const
 }
 
 static void n_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
-                     float *s, int lds)
+                     float *s, int lds, const pa__cpu_pf *pf)
 {
+    (void)pf; /* pf_spread is false: the driver prefetches */
     switch (dtype) {
     case PA_DTYPE_F32: qk_src_body(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
     case PA_DTYPE_F16: qk_src_body(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
@@ -434,8 +435,10 @@ static void n_qk_src(pa_dtype dtype, const void *const *krows, int nc, const flo
 }
 
 static void n_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
-                     int dp, const float *alpha, const unsigned char *colmask, float *o)
+                     int dp, const float *alpha, const unsigned char *colmask, float *o,
+                     const pa__cpu_pf *pf)
 {
+    (void)pf;
     switch (dtype) {
     case PA_DTYPE_F32: pv_src_body(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     case PA_DTYPE_F16: pv_src_body(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;

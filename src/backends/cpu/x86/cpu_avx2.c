@@ -6,6 +6,10 @@
 
 #include <immintrin.h>
 
+#ifndef CPU_KPFL
+#  define CPU_KPFL 3 /* locality of the decode kernels' prefetches */
+#endif
+
 /* ---- conversions -------------------------------------------------------------------------- */
 
 static inline __m256 cvt_bf16x8(const void *p)
@@ -574,9 +578,38 @@ static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char
     }
 }
 
-static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const void *const *krows, int nc,
-                                                           const float *q, int dp, float *s, int lds)
+/* Prefetches rows [i0, i1) of pf (every 64-byte line they touch). The decode kernels call it a
+ * few rows at a time from inside their loops, so the next call's rows stream in while this one
+ * computes, instead of one burst of misses before the call. Always inlined (gcc deletes a call
+ * to a function whose only effect is __builtin_prefetch). */
+static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, int i0, int i1)
 {
+    if (!pf) return;
+    if (i1 > pf->n) i1 = pf->n;
+    for (int i = i0; i < i1; i++) {
+        uintptr_t a = (uintptr_t)pf->rows[i] & ~(uintptr_t)63, e = (uintptr_t)pf->rows[i] + (uintptr_t)pf->bytes;
+        for (; a < e; a += 64) __builtin_prefetch((const void *)a, 0, CPU_KPFL);
+    }
+}
+
+/* The part [g * n / ng, (g + 1) * n / ng) of pf, for group g of ng (NULL stays NULL). */
+static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
+{
+    pa__cpu_pf r = {NULL, 0, 0};
+    if (pf && ng > 0) {
+        int a = (int)((int64_t)g * pf->n / ng), b = (int)((int64_t)(g + 1) * pf->n / ng);
+        r.rows = pf->rows + a;
+        r.n = b - a;
+        r.bytes = pf->bytes;
+    }
+    return r;
+}
+
+static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const void *const *krows, int nc,
+                                                           const float *q, int dp, float *s, int lds,
+                                                           const pa__cpu_pf *pf)
+{
+    int pi = 0; /* pf rows issued so far: spread evenly over the key pairs */
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
     const float *q0 = q, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
     const __m256 sc = _mm256_set1_ps(256.0f);
@@ -615,6 +648,11 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             a31 = _mm256_fmadd_ps(w, y1, a31);
         }
         __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
+        if (pf) {
+            int pe = (int)((int64_t)(c + 2) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
         if (dt == PA_DTYPE_FP8_E4M3) t = _mm256_mul_ps(t, sc);
         __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
         _mm_storel_pi((__m64 *)(s + c), lo);
@@ -638,6 +676,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
         _mm256_storeu_ps(u, t);
         for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
     }
+    if (pf) pf_rows(pf, pi, pf->n);
 }
 
 /* dims [j, j + 8 NV) of the 4 rows over the listed keys; probabilities broadcast from p (rows
@@ -681,23 +720,42 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
                             dt == PA_DTYPE_FP8_E4M3 ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
 }
 
+/* (pf: a share of the rows before each chunk of dims, in proportion to its width) */
 static inline __attribute__((always_inline)) void pv4_dims(pa_dtype dt, const void *const *vl, const float *p,
                                                            int ldp, const float *pb, int nv, int dp,
-                                                           const float *alpha, float *o)
+                                                           const float *alpha, float *o, const pa__cpu_pf *pf)
 {
-    int j = 0;
-    for (; j + 24 <= dp; j += 24) pv4_chunk(3, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
-    for (; j + 16 <= dp; j += 16) pv4_chunk(2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
-    for (; j < dp; j += 8) pv4_chunk(1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    int j = 0, pi = 0;
+#define PV4_PF(w)                                                                                    \
+    do {                                                                                             \
+        if (pf) {                                                                                    \
+            int pe = (int)((int64_t)(j + (w)) * pf->n / dp);                                         \
+            pf_rows(pf, pi, pe);                                                                     \
+            pi = pe;                                                                                 \
+        }                                                                                            \
+    } while (0)
+    for (; j + 24 <= dp; j += 24) {
+        PV4_PF(24);
+        pv4_chunk(3, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    }
+    for (; j + 16 <= dp; j += 16) {
+        PV4_PF(16);
+        pv4_chunk(2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    }
+    for (; j < dp; j += 8) {
+        PV4_PF(8);
+        pv4_chunk(1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    }
+#undef PV4_PF
 }
 
 static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const void *const *vrows, int nc,
                                                            const float *p, int ldp, int dp,
                                                            const float *alpha, const unsigned char *colmask,
-                                                           float *o)
+                                                           float *o, const pa__cpu_pf *pf)
 {
     if (!colmask) { /* every key of the tile: probabilities broadcast in the loop */
-        pv4_dims(dt, vrows, p, ldp, NULL, nc, dp, alpha, o);
+        pv4_dims(dt, vrows, p, ldp, NULL, nc, dp, alpha, o, pf);
         return;
     }
     const void *vl[CPU_KT];
@@ -709,51 +767,69 @@ static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const vo
         for (int h = 0; h < 4; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
         nv++;
     }
-    pv4_dims(dt, vl, p, ldp, pb, nv, dp, alpha, o);
+    pv4_dims(dt, vl, p, ldp, pb, nv, dp, alpha, o, pf);
 }
 
+/* Groups of 4 rows, then the rest; each group prefetches its share of pf (the rest: at once). */
 static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const void *const *krows, int nc,
-                                                              const float *q, int nr, int dp, float *s, int lds)
+                                                              const float *q, int nr, int dp, float *s, int lds,
+                                                              const pa__cpu_pf *pf)
 {
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) qk4_body(dt, krows, nc, q + (size_t)r * dp, dp, s + (size_t)r * lds, lds);
-    if (r < nr) qk_src_body(dt, krows, nc, q + (size_t)r * dp, nr - r, dp, s + (size_t)r * lds, lds);
+    int r = 0, ng = (nr + 3) / 4;
+    for (; r + 4 <= nr; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        qk4_body(dt, krows, nc, q + (size_t)r * dp, dp, s + (size_t)r * lds, lds, pf ? &part : NULL);
+    }
+    if (r < nr) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        pf_rows(pf ? &part : NULL, 0, part.n);
+        qk_src_body(dt, krows, nc, q + (size_t)r * dp, nr - r, dp, s + (size_t)r * lds, lds);
+    }
 }
 
 static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const void *const *vrows, int nc,
                                                               const float *p, int ldp, int nr, int dp,
                                                               const float *alpha, const unsigned char *colmask,
-                                                              float *o)
+                                                              float *o, const pa__cpu_pf *pf)
 {
-    int r = 0;
-    for (; r + 4 <= nr && nc <= CPU_KT; r += 4)
-        pv4_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp);
-    if (r < nr)
+    int r = 0, ng = (nr + 3) / 4;
+    for (; r + 4 <= nr && nc <= CPU_KT; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        pv4_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp,
+                 pf ? &part : NULL);
+    }
+    if (r < nr) {
+        /* the rest of pf at once (nc > CPU_KT: all of it) */
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        if (pf) part.n = (int)(pf->rows + pf->n - part.rows);
+        pf_rows(pf ? &part : NULL, 0, part.n);
         pv_src_body(dt, vrows, NULL, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask, o + (size_t)r * dp);
+    }
 }
 
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
-                      float *s, int lds)
+                      float *s, int lds, const pa__cpu_pf *pf)
 {
     switch (dtype) {
-    case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_FP8_E4M3: qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3: qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
     }
 }
 
 static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
-                      int dp, const float *alpha, const unsigned char *colmask, float *o)
+                      int dp, const float *alpha, const unsigned char *colmask, float *o,
+                      const pa__cpu_pf *pf)
 {
     switch (dtype) {
-    case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_FP8_E4M3: pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_FP8_E4M3: pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     default: break;
     }
 }
@@ -808,4 +884,5 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->load_rows_t = a2_load_rows_t;
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;
+    k->pf_spread = true;
 }
