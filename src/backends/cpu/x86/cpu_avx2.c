@@ -238,23 +238,6 @@ static inline void transpose8(__m256 *r)
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-static void a2_load_rows_t(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *kt)
-{
-    float tmp[8 * 512] __attribute__((aligned(64)));
-    int n16 = (n + 15) & ~15;
-    for (int i0 = 0; i0 < n16; i0 += 8) {
-        int m = n - i0 < 8 ? (n - i0 > 0 ? n - i0 : 0) : 8;
-        a2_load_rows(dtype, rows + i0, m, d, dp, tmp);
-        for (int i = m; i < 8; i++) memset(tmp + (size_t)i * dp, 0, (size_t)dp * sizeof(float));
-        for (int j = 0; j < dp; j += 8) {
-            __m256 r[8];
-            for (int i = 0; i < 8; i++) r[i] = _mm256_load_ps(tmp + (size_t)i * dp + j);
-            transpose8(r);
-            for (int t = 0; t < 8; t++) _mm256_store_ps(kt + (size_t)(j + t) * CPU_KT + i0, r[t]);
-        }
-    }
-}
-
 /* R rows x 16 keys: 2R accumulators; one broadcast of q per row and dimension. */
 static inline __attribute__((always_inline)) void qkt_block(int R, const float *q, const float *kt,
                                                             int c0, int dp, float *s, int lds)
@@ -356,6 +339,40 @@ static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char
         return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
     default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+/* Converted and transposed in registers, 8 rows x 8 dims at a time, straight from the rows (no
+ * intermediate copy); the last d % 8 dims one by one. */
+static inline __attribute__((always_inline)) void load_rows_t_body(pa_dtype dtype, const void *const *rows, int n,
+                                                                   int d, int dp, float *kt)
+{
+    const size_t es = pa_dtype_size(dtype);
+    int n16 = (n + 15) & ~15, dv = d & ~7;
+    for (int i0 = 0; i0 < n16; i0 += 8) {
+        int m = n - i0 < 8 ? (n - i0 > 0 ? n - i0 : 0) : 8;
+        for (int j = 0; j < dv; j += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i < m ? cvt8(dtype, (const char *)rows[i0 + i] + (size_t)j * es) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int t = 0; t < 8; t++) _mm256_store_ps(kt + (size_t)(j + t) * CPU_KT + i0, r[t]);
+        }
+        for (int j = dv; j < dp; j++)
+            for (int i = 0; i < 8; i++)
+                kt[(size_t)j * CPU_KT + i0 + i] = i < m && j < d ? pa__load_f32(dtype, rows[i0 + i], j) : 0.0f;
+    }
+}
+
+static void a2_load_rows_t(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *kt)
+{
+    switch (dtype) {
+    case PA_DTYPE_F32: load_rows_t_body(PA_DTYPE_F32, rows, n, d, dp, kt); break;
+    case PA_DTYPE_F16: load_rows_t_body(PA_DTYPE_F16, rows, n, d, dp, kt); break;
+    case PA_DTYPE_BF16: load_rows_t_body(PA_DTYPE_BF16, rows, n, d, dp, kt); break;
+    case PA_DTYPE_FP8_E4M3: load_rows_t_body(PA_DTYPE_FP8_E4M3, rows, n, d, dp, kt); break;
+    case PA_DTYPE_FP8_E5M2: load_rows_t_body(PA_DTYPE_FP8_E5M2, rows, n, d, dp, kt); break;
+    default: break;
     }
 }
 
