@@ -11,8 +11,10 @@
 int main(int argc, char **argv)
 {
     const pa_backend *cpu = pa_backend_find("cpu");
-    CHECK(cpu != NULL);
-    if (!cpu) return test_exit();
+    if (!cpu) {
+        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
+        return 77;
+    }
     const char *filter = argc > 1 ? argv[1] : NULL;
     static const char *const isas[] = {"generic", "avx2", "avx512", "neon"};
     int ran = 0;
