@@ -23,11 +23,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define CPU_ROWS 64 /* max query rows (heads x tokens) of one item */
+#define CPU_ROWS 128 /* max query rows (heads x tokens) of one item */
 #define CPU_KT 64   /* keys per tile (at most) */
 #define CPU_KROWS 256 /* rows of the K and V tile scratch: keys per tile x KV heads per item */
 #define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
-_Static_assert(CPU_ROWS <= CPU_KT, "query rows reuse the key-row pointer array");
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 
@@ -131,7 +130,7 @@ typedef struct pa__cpu_scratch {
     int32_t head[CPU_ROWS];
     unsigned char vis[CPU_ROWS];       /* 0 none, 1 all, 2 partial (per tile) */
     unsigned char colmask[CPU_KT];
-    const void *rows[CPU_KT];
+    const void *rows[CPU_ROWS > CPU_KT ? CPU_ROWS : CPU_KT]; /* query rows, then key rows */
 } pa__cpu_scratch;
 
 typedef struct pa__cpu_ctx {

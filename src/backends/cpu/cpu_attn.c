@@ -271,7 +271,7 @@ static void run_item(void *arg, int64_t index, int thread)
 
     if (ulo < uhi) {
         /* the query rows, converted and pre-scaled */
-        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS <= CPU_KT */
+        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
         float qsc = q_scale(cfg);
         for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
 

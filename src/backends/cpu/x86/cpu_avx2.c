@@ -102,13 +102,22 @@ static inline float hsum1(__m256 a)
     return _mm_cvtss_f32(s);
 }
 
+/* Rows covered by 6-row blocks so that the rest is a multiple of 4 where it can be (64 = 60 + 4,
+ * 128 = 120 + 8): the 4-row blocks run at the full FMA rate, single rows at a quarter of it. */
+static int rows6(int nr)
+{
+    int n6 = nr / 6;
+    while (n6 > 0 && (nr - 6 * n6) % 4 != 0) n6--;
+    return (nr - 6 * n6) % 4 == 0 ? 6 * n6 : nr / 6 * 6;
+}
+
 /* ---- S = Q K^T ---------------------------------------------------------------------------- */
 
 static void a2_qk(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds)
 {
-    int r = 0;
+    int r = 0, r6 = rows6(nr);
     /* 6 rows x 2 keys: 12 accumulators hide the FMA latency (prefill tiles) */
-    for (; r + 6 <= nr && nr != 4; r += 6) {
+    for (; r < r6; r += 6) {
         const float *q0 = q + (size_t)r * dp;
         int c = 0;
         for (; c + 2 <= nc; c += 2) {
@@ -261,8 +270,8 @@ static inline __attribute__((always_inline)) void qkt_block(int R, const float *
 
 static void a2_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
 {
-    int n16 = (nc + 15) & ~15, r = 0;
-    for (; r + 6 <= nr; r += 6)
+    int n16 = (nc + 15) & ~15, r = 0, r6 = rows6(nr);
+    for (; r < r6; r += 6)
         for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(6, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
     for (; r + 4 <= nr; r += 4)
         for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(4, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
@@ -452,9 +461,9 @@ static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const
 static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                   const float *alpha, const unsigned char *colmask, float *o)
 {
-    int r = 0;
+    int r = 0, r6 = rows6(nr);
     /* 6 rows x 16 dims: 12 accumulators (prefill tiles) */
-    for (; r + 6 <= nr && nr != 4; r += 6) {
+    for (; r < r6; r += 6) {
         const float *p0 = p + (size_t)r * ldp;
         float *o0 = o + (size_t)r * dp;
         for (int j = 0; j < dp; j += 16) {
