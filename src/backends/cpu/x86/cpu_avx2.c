@@ -776,12 +776,9 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
             for (int u = 0; u < NV; u++) acc[h][u] = _mm256_fmadd_ps(wv, x[u], acc[h][u]);           \
         }                                                                                            \
     } while (0)
-    int i = 0;
-    for (; i + 2 <= nv; i += 2) {
-        PV4_KEY(i);
-        PV4_KEY(i + 1);
-    }
-    if (i < nv) PV4_KEY(i);
+    /* one key per iteration: 12 accumulators + 3 V vectors + 1 broadcast fill the 16 registers
+     * (unrolled by two keys, gcc spilled accumulators to the stack: FMAs through memory) */
+    for (int i = 0; i < nv; i++) PV4_KEY(i);
 #undef PV4_KEY
     const __m256 out = _mm256_set1_ps(256.0f);
     for (int h = 0; h < 4; h++)
