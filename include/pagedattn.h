@@ -25,6 +25,10 @@
  *
  * A row that sees no key and has no sink yields out = 0 and lse = -inf, never NaN. Keys beyond a
  * sequence's length never touch its result, whatever the cache holds there (NaN included).
+ * Non-finite inputs the row does read propagate as in IEEE arithmetic, never silently dropped:
+ * a visible logit that is NaN or +inf (from NaN or infinite q or k values) makes every element
+ * of the row's out and its lse NaN; a NaN or infinite v value reaches the out elements it
+ * contributes to.
  * Query head h reads KV head h / (num_heads / num_kv_heads).
  *
  * Errors: every function that can fail returns a pa_status. A failing call changes nothing (no

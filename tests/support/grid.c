@@ -45,6 +45,7 @@ typedef struct gcase {
     int no_kv;          /* K/V of new tokens pre-written; forward gets k = v = NULL */
     int explicit_slots; /* explicit slot mapping: every third new token -1 (pre-written) */
     float qscale;       /* query magnitude: sharper or flatter softmax */
+    int nonfinite;      /* NaN in a visible cached K and V value, +inf in a new K row */
 } gcase;
 
 static gcase cases[512];
@@ -95,6 +96,7 @@ static void name_case(gcase *c, const char *tag)
     if (c->no_kv) FEAT(" kv-cached");
     if (c->explicit_slots) FEAT(" slots-1");
     if (c->share_prefix) FEAT(" shared-blocks");
+    if (c->nonfinite) FEAT(" nan-inf");
 #undef FEAT
     snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s%s [%s]", tag,
              pa_attn_type_name(c->type), c->H, c->Hkv, c->D, c->B, layout_name(c->layout),
@@ -419,6 +421,33 @@ static void build_random_cases(void)
 #undef COIN
 }
 
+/* Non-finite values the rows read (see poison_inputs): the NaN or +inf logit rule of the
+ * numerics contract, on each cache dtype, the mixed batch, and long decodes whose key splits are
+ * merged (the NaN sits in a later split). */
+static void build_nonfinite_cases(void)
+{
+    static const pa_dtype caches[] = {PA_DTYPE_F32, PA_DTYPE_BF16, PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
+    for (size_t i = 0; i < sizeof caches / sizeof caches[0]; i++) {
+        gcase c = base_case();
+        c.cache = caches[i];
+        c.nonfinite = 1;
+        push(c, "nonfinite");
+    }
+    for (size_t i = 1; i < 3; i++) {
+        gcase c = base_case();
+        c.D = 128, c.H = 8, c.Hkv = 2, c.layout = LAYOUT_HND, c.cache = caches[i];
+        c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        decode_only(&c, 1500, 3);
+        c.nonfinite = 1;
+        push(c, "nonfinite");
+    }
+    gcase c = base_case(); /* tensor-core prefill tiles of a device backend */
+    c.D = 128, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.seqs[0] = (gseq){0, 100, 1, 0};
+    c.nonfinite = 1;
+    push(c, "nonfinite");
+}
+
 static void build_cases(void)
 {
     if (ncases) return;
@@ -429,6 +458,7 @@ static void build_cases(void)
     build_type_cases();
     build_decode_cases();
     build_random_cases();
+    build_nonfinite_cases(); /* last: earlier cases keep their seeds (drawn from the index) */
 }
 
 int grid_count(void)
@@ -723,6 +753,29 @@ static int make_qkv(ginputs *in, uint64_t *rng)
     return 0;
 }
 
+static int64_t pool_offset(const ginputs *in, int32_t block, int32_t t, int32_t h);
+
+/* nonfinite cases: NaN in the cached V of the last sequence (two thirds into its context, last
+ * KV head, dim 3), NaN in the cached K of sequence 1 (position 5, KV head 0, dim 0), and +inf in
+ * the new K row of sequence 0's token 20 (last KV head, dim 7) when it has one: every query row
+ * that sees that key gets a logit of +inf or -inf by the sign of its q there. */
+static void poison_inputs(ginputs *in)
+{
+    const gcase *c = in->c;
+    int last = c->nseq - 1;
+    int64_t pos = c->seqs[last].ctx * 2 / 3;
+    if (c->seqs[last].ctx > 0) {
+        int64_t off = pool_offset(in, in->tables[last][pos / c->B], (int32_t)(pos % c->B), c->Hkv - 1) + 3 % c->D;
+        store_nan(c->cache, (char *)in->pool_buf.p + in->value_off, off);
+    }
+    if (c->nseq > 1 && c->seqs[1].ctx > 5)
+        store_nan(c->cache, in->pool_buf.p, pool_offset(in, in->tables[1][0], 5, 0));
+    if (c->seqs[0].ctx == 0 && c->seqs[0].q > 20) {
+        void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
+        store_float(c->kvd, kb, 20 * in->k_rs + (int64_t)(c->Hkv - 1) * c->D + 7 % c->D, INFINITY);
+    }
+}
+
 static void free_inputs(ginputs *in)
 {
     pa_layer_destroy(in->layer);
@@ -750,6 +803,7 @@ static int make_inputs(ginputs *in, const gcase *c, char *why, size_t why_size)
     }
     if (!s) s = make_batch(in, nb);
     if (!s && make_qkv(in, &rng)) s = PA_STATUS_OUT_OF_MEMORY;
+    if (!s && c->nonfinite) poison_inputs(in);
     if (s) snprintf(why, why_size, "setting up the case failed: %s: %s", pa_status_name(s), pa_last_error());
     return s ? -1 : 0;
 }
@@ -911,6 +965,10 @@ static void compare(cmp_ctx *k, const ginputs *in, const goutputs *got, const do
                 double a = load_float(c->outd, got->out.p, t * in->out_rs + (int64_t)h * c->D + d);
                 double w = want_out[t * qrow + (int64_t)h * c->D + d];
                 double err = fabs(a - w);
+                if (isnan(w)) { /* a NaN input the row reads */
+                    if (!isnan(a)) return fail(k, "out[t=%lld,h=%d,d=%d] = %g, want NaN", (long long)t, h, d, a);
+                    continue;
+                }
                 if (!isfinite(a))
                     return fail(k, "out[t=%lld,h=%d,d=%d] = %g (unwritten or NaN leak)", (long long)t, h, d, a);
                 if (err > r->max_abs_err) r->max_abs_err = err;
@@ -921,6 +979,10 @@ static void compare(cmp_ctx *k, const ginputs *in, const goutputs *got, const do
             }
             if (c->lse_mode == LSE_NONE) continue;
             double a = ((float *)got->lse.p)[t * got->lse_ts + h * got->lse_hs], w = want_lse[t * c->H + h];
+            if (isnan(w)) {
+                if (!isnan(a)) return fail(k, "lse[t=%lld,h=%d] = %g, want NaN", (long long)t, h, a);
+                continue;
+            }
             if (isinf(w) || isinf(a)) {
                 if (a != w) return fail(k, "lse[t=%lld,h=%d] = %g, want %g", (long long)t, h, a, w);
                 continue;
@@ -1136,6 +1198,7 @@ static void oracle(const ginputs *in, double *want_out, double *want_lse)
             for (int32_t h = 0; h < c->H; h++) {
                 int64_t p = c->seqs[s].ctx + t, kh = h / (c->H / c->Hkv);
                 long double m = c->sinks ? in->sinks[h] : -INFINITY;
+                bool poisoned = false; /* a visible logit is NaN or +inf: the row is NaN */
                 for (int64_t j = 0; j < n; j++) {
                     long double dot = 0;
                     for (int32_t d = 0; d < c->D; d++)
@@ -1144,8 +1207,15 @@ static void oracle(const ginputs *in, double *want_out, double *want_lse)
                     long double x = scale * dot;
                     if (c->softcap > 0) x = c->softcap * tanhl(x / c->softcap);
                     if (c->alibi) x -= (long double)in->alibi[h] * fabsl((long double)(j - p));
-                    S[j] = visible(c, h, p, j) ? x : NAN;
+                    bool vis = visible(c, h, p, j);
+                    poisoned |= vis && (isnan(x) || x == INFINITY);
+                    S[j] = vis ? x : NAN; /* NaN: not visible (a visible NaN poisoned the row) */
                     if (!isnan(S[j]) && S[j] > m) m = S[j];
+                }
+                if (poisoned) {
+                    for (int32_t d = 0; d < c->D; d++) want_out[(tok0 + t) * qrow + h * c->D + d] = NAN;
+                    want_lse[(tok0 + t) * c->H + h] = NAN;
+                    continue;
                 }
                 long double den = 0, acc[512] = {0};
                 for (int64_t j = 0; j < n && m > -INFINITY; j++) {

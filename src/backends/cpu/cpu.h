@@ -44,7 +44,7 @@ typedef struct pa__cpu_kernels {
     void (*load_rows)(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst);
     /* S[r * lds + c] = dot(Q[r], K[c]) over dp for r < nr, c < nc. */
     void (*qk)(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds);
-    /* Max of s[0..n) (-inf for all -inf). */
+    /* Max of s[0..n) (-inf for all -inf); NaN if some s[i] is NaN. */
     float (*row_max)(const float *s, int n);
     /* s[i] = exp(s[i] - m) (exactly 0 where s[i] is -inf); returns the sum. m finite. */
     float (*exp_row)(float *s, int n, float m);
@@ -129,6 +129,7 @@ typedef struct pa__cpu_scratch {
     int64_t lo[CPU_ROWS], hi[CPU_ROWS], pos[CPU_ROWS];
     int32_t head[CPU_ROWS];
     unsigned char vis[CPU_ROWS];       /* 0 none, 1 all, 2 partial (per tile) */
+    unsigned char bad[CPU_ROWS];       /* a visible score was NaN or +inf: the row is NaN */
     unsigned char colmask[CPU_KT];
     const void *rows[CPU_ROWS > CPU_KT ? CPU_ROWS : CPU_KT]; /* query rows, then key rows */
 } pa__cpu_scratch;

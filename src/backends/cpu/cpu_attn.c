@@ -161,7 +161,8 @@ static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a
     return any ? (all ? 1 : 2) : 0;
 }
 
-static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l,
+/* bad: a NaN or +inf logit reached the row: every element and the lse are NaN. */
+static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l, bool bad,
                       const pa__cpu_kernels *k)
 {
     const pa_forward_args *a = f->args;
@@ -173,10 +174,10 @@ static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
                    : 1.0f;
     size_t osz = pa_dtype_size(cfg->out_dtype);
     char *dst = (char *)a->out + (tok * a->out_row_stride + (int64_t)h * d) * (int64_t)osz;
-    k->store_row(cfg->out_dtype, o, d, l > 0.0f ? vs / l : 0.0f, dst);
+    k->store_row(cfg->out_dtype, o, d, bad ? NAN : l > 0.0f ? vs / l : 0.0f, dst);
     if (a->lse)
         a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] =
-            l > 0.0f ? m + logf(l) : -INFINITY;
+            bad ? NAN : l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 static float q_scale(const pa_layer_config *cfg)
@@ -265,6 +266,7 @@ static void run_item(void *arg, int64_t index, int thread)
         bool sink = L->sinks && !split;
         sc->m[r] = sink ? L->sinks[h] : -INFINITY;
         sc->l[r] = sink ? 1.0f : 0.0f;
+        sc->bad[r] = 0;
         sc->rows[r] = (const char *)f->args->q + (tok * f->args->q_row_stride + (int64_t)h * d) * (int64_t)qsz;
     }
     memset(sc->o, 0, (size_t)nr * dp * sizeof(float));
@@ -354,9 +356,10 @@ static void run_item(void *arg, int64_t index, int thread)
 
             for (int r = 0; r < nr; r++) {
                 float *s = sc->s + r * CPU_KT;
-                float mx = sc->vis[r] ? K->row_max(s, nc) : -INFINITY;
+                float mx = sc->vis[r] && !sc->bad[r] ? K->row_max(s, nc) : -INFINITY;
+                if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1; /* the row is NaN from now on */
                 float mn = mx > sc->m[r] ? mx : sc->m[r];
-                if (mn == -INFINITY) {
+                if (mn == -INFINITY || sc->bad[r]) {
                     for (int c = 0; c < nc; c++) s[c] = 0.0f;
                     sc->alpha[r] = 1.0f;
                     continue;
@@ -402,13 +405,13 @@ static void run_item(void *arg, int64_t index, int thread)
         if (split) {
             float *pr = J->p->part + (size_t)(it->part + r) * (dp + 2);
             pr[0] = sc->m[r];
-            pr[1] = sc->l[r];
+            pr[1] = sc->bad[r] ? NAN : sc->l[r]; /* NaN l: the merge makes the row NaN */
             memcpy(pr + 2, o, (size_t)d * sizeof(float));
         } else {
             int t;
             int32_t h;
             row_of(r, it->h0, it->nh, it->nt, L->group, &t, &h);
-            write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], K);
+            write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], sc->bad[r], K);
         }
     }
 }
@@ -429,8 +432,10 @@ static void run_merge(void *arg, int64_t index, int thread)
         int32_t h;
         row_of(r, mg->h0, mg->nh, mg->nt, L->group, &t, &h);
         float M = L->sinks ? L->sinks[h] : -INFINITY;
+        bool bad = false;
         for (int c = 0; c < mg->nchunks; c++) {
             const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
+            bad |= isnan(pr[1]);
             if (pr[1] > 0.0f && pr[0] > M) M = pr[0];
         }
         float Lsum = 0.0f;
@@ -445,7 +450,7 @@ static void run_merge(void *arg, int64_t index, int thread)
                 for (int j = 0; j < d; j++) acc[j] += w * pr[2 + j];
             }
         }
-        write_row(f, qs + mg->t0 + t, h, acc, M, Lsum, &J->c->kern);
+        write_row(f, qs + mg->t0 + t, h, acc, M, Lsum, bad, &J->c->kern);
     }
 }
 

@@ -45,7 +45,7 @@ static float g_row_max(const float *s, int n)
 {
     float m = -INFINITY;
     for (int i = 0; i < n; i++)
-        if (s[i] > m) m = s[i];
+        if (isnan(s[i]) || s[i] > m) m = s[i]; /* once NaN, stays NaN */
     return m;
 }
 

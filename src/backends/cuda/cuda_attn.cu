@@ -78,12 +78,14 @@ __device__ __forceinline__ bool blocksparse_visible(const pa_cu_attn_params &P, 
 }
 
 /* The logit of visible key j for a row of head h at position p, from its scaled dot product:
- * the soft-cap, then ALiBi's distance penalty (every kernel's one definition of it). */
+ * the soft-cap, then ALiBi's distance penalty (every kernel's one definition of it). A NaN comes
+ * out as +inf, which fmaxf cannot drop: the row's max becomes +inf, exp(inf - inf) makes its sum
+ * NaN, and the stores below write NaN (the contract: a NaN or +inf logit makes the row NaN). */
 __device__ __forceinline__ float logit(const pa_cu_attn_params &P, float x, int h, int64_t p, int64_t j)
 {
     if (P.softcap > 0.f) x = P.softcap * tanhf(x / P.softcap);
     if (P.has_alibi) x -= P.alibi[h] * (float)(j > p ? j - p : p - j);
-    return x;
+    return isnan(x) ? INFINITY : x;
 }
 
 /* Adds head h's sink, if the layer has sinks, to a finished row's softmax state (mm, ll); returns
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
         if (ns == 1) {
             float mm = m[i], ll = l[i];
             const float a = add_sink(P, h, mm, ll);
-            if (ll > 0.f) {
+            if (ll != 0.f) { /* 0: nothing visible; NaN: a poisoned row, stored NaN */
                 store_row<NI>(P, q0 + t, h, acc[i], a / ll, mm + logf(ll), lane);
             } else {
                 store_row<NI>(P, q0 + t, h, acc[i], 0.f, -INFINITY, lane);
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa
         }
         if (P.has_sinks) L += expf(P.sinks[h] - M);
     }
-    const bool empty = !(L > 0.f);
+    const bool empty = L == 0.f; /* a NaN sum (poisoned row) is stored as NaN */
     const float inv = empty ? 0.f : 1.f / L;
     const int64_t obase = token * P.out_rs + (int64_t)h * D;
     for (int d = (int)threadIdx.x; d < D; d += blockDim.x) {
@@ -719,7 +721,7 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     for (int i = 0; i < 2; i++) {
         float mm = m[i], ll = l[i];
         const float a = add_sink(P, rh[i], mm, ll);
-        const float inv = ll > 0.f ? a / ll : 0.f;
+        const float inv = ll != 0.f ? a / ll : 0.f; /* NaN sum: a poisoned row, NaN */
         if (!rv[i]) continue;
         const int64_t base = (q0 + rtok[i]) * P.out_rs + (int64_t)rh[i] * D;
 #pragma unroll
@@ -730,7 +732,7 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
         }
         if (P.lse && t4 == 0)
             P.lse[(q0 + rtok[i]) * P.lse_ts + (int64_t)rh[i] * P.lse_hs] =
-                ll > 0.f ? mm + logf(ll) : -INFINITY;
+                ll != 0.f ? mm + logf(ll) : -INFINITY;
     }
 }
 
@@ -827,7 +829,7 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
         float mm = fin[r][0], ll = fin[r][1];
         if (ns == 1) {
             const float a = add_sink(P, h, mm, ll);
-            const bool empty = !(ll > 0.f);
+            const bool empty = ll == 0.f; /* NaN: a poisoned row, stored NaN */
             pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
                         empty ? 0.f : o * (a / ll));
             if (P.lse && d == 0)

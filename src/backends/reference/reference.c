@@ -59,10 +59,22 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
         q[d] = pa__load_f32(c->q_dtype, a->q, tok * a->q_row_stride + (int64_t)h * D + d);
         acc[d] = 0;
     }
-    /* Pass 1: the maximum over visible logits and the sink. */
+    /* Pass 1: the maximum over visible logits and the sink. A NaN or +inf logit makes the whole
+     * row NaN (IEEE: exp(s_j - m) is NaN for it), never an empty or finite result. */
     double m = L->sinks ? L->sinks[h] : -INFINITY;
-    for (int64_t j = lo; j < hi; j++)
-        if (pa__blocksparse_visible(L, h, p, j)) m = fmax(m, logit(L, s, q, h, p, j));
+    bool poisoned = false;
+    for (int64_t j = lo; j < hi; j++) {
+        if (!pa__blocksparse_visible(L, h, p, j)) continue;
+        double x = logit(L, s, q, h, p, j);
+        poisoned |= isnan(x) || x == INFINITY;
+        m = fmax(m, x);
+    }
+    if (poisoned) {
+        for (int32_t d = 0; d < D; d++)
+            pa__store_f32(c->out_dtype, a->out, tok * a->out_row_stride + (int64_t)h * D + d, NAN);
+        if (a->lse) a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] = NAN;
+        return;
+    }
     /* Pass 2: weights exp(s_j - m), their sum, and the weighted sum of values. */
     double denom = 0;
     for (int64_t j = lo; j < hi && m > -INFINITY; j++) {

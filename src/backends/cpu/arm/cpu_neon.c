@@ -241,15 +241,15 @@ static void n_qk_t(const float *q, int nr, const float *kt, int nc, int dp, floa
 
 /* ---- softmax pieces ----------------------------------------------------------------------- */
 
-/* FMAXNM ignores a NaN operand, as the generic `s[i] > m` does. */
+/* FMAX (not FMAXNM) returns NaN when an operand is NaN: a NaN score reaches the result. */
 static float n_row_max(const float *s, int n)
 {
     float32x4_t m = vdupq_n_f32(-INFINITY);
     int i = 0;
-    for (; i + 4 <= n; i += 4) m = vmaxnmq_f32(m, vld1q_f32(s + i));
-    float r = vmaxnmvq_f32(m);
+    for (; i + 4 <= n; i += 4) m = vmaxq_f32(m, vld1q_f32(s + i));
+    float r = vmaxvq_f32(m);
     for (; i < n; i++)
-        if (s[i] > r) r = s[i];
+        if (isnan(s[i]) || s[i] > r) r = s[i];
     return r;
 }
 

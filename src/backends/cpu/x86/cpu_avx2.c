@@ -34,9 +34,10 @@ static inline __m256 cvt_e5m2x8(const void *p)
  * bit 15 (and a copy in bit 14, cleared) and eeee.mmm in an f16's exponent and mantissa: an f16
  * 2^-8 times the E4M3 value (E4M3 subnormals land on f16 subnormals, exactly); the f32 result is
  * scaled by 2^8. S.1111.111 is NaN: forced to an f16 NaN. */
-static inline __m128i e4m3_to_f16x8(__m128i x16)
+static inline __m128i e4m3_to_f16x8(__m128i x16, bool fix_nan)
 {
     __m128i h = _mm_and_si128(_mm_slli_epi16(x16, 7), _mm_set1_epi16((short)0xbfff));
+    if (!fix_nan) return h;
     __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
     return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
 }
@@ -281,17 +282,23 @@ static void a2_qk_t(const float *q, int nr, const float *kt, int nc, int dp, flo
 
 /* ---- softmax pieces ----------------------------------------------------------------------- */
 
+/* (MAXPS drops a NaN in its first operand: NaN lanes are collected apart) */
 static float a2_row_max(const float *s, int n)
 {
-    __m256 m = _mm256_set1_ps(-INFINITY);
+    __m256 m = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(s + i);
+        m = _mm256_max_ps(m, x);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan)) return NAN;
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
     float r = _mm_cvtss_f32(h);
     for (; i < n; i++)
-        if (s[i] > r) r = s[i];
+        if (isnan(s[i]) || s[i] > r) r = s[i];
     return r;
 }
 
@@ -336,15 +343,29 @@ static float a2_exp_row(float *s, int n, float m)
     return sum;
 }
 
+/* E4M3 rows known to hold no NaN byte (S.1111.111): the decode kernels convert them without
+ * the NaN fix-up (4 of the conversion's ~11 operations per 16 values); a2_qk_src and a2_pv_src
+ * check each call's rows first (e4m3_rows_nan) and take the exact conversion when one is there. */
+#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
+
+static inline bool is_e4m3(pa_dtype dt)
+{
+    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
+}
+
 /* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
 static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
 {
+    if (dt == DT_E4M3F) {
+        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), false);
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    }
     switch (dt) {
     case PA_DTYPE_F16: return cvt_f16x8(p);
     case PA_DTYPE_BF16: return cvt_bf16x8(p);
     case PA_DTYPE_FP8_E5M2: return cvt_e5m2x8(p);
     case PA_DTYPE_FP8_E4M3: {
-        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)));
+        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), true);
         return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
     default: return _mm256_loadu_ps((const float *)p);
@@ -577,20 +598,23 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
 /* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
-    if (dt == PA_DTYPE_FP8_E4M3)
-        return _mm256_cvtph_ps(e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p))));
+    if (is_e4m3(dt))
+        return _mm256_cvtph_ps(
+            e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), dt == PA_DTYPE_FP8_E4M3));
     return cvt8(dt, p);
 }
 
 /* 16 elements of dt as f32 (E4M3: 2^-8 times), 8-bit types with 256-bit integer steps. */
 static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char *p, __m256 *x0, __m256 *x1)
 {
-    if (dt == PA_DTYPE_FP8_E4M3) {
+    if (is_e4m3(dt)) {
         __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
         __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbfff));
-        __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                         _mm256_set1_epi16(0x3f80));
-        h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+        if (dt == PA_DTYPE_FP8_E4M3) {
+            __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                             _mm256_set1_epi16(0x3f80));
+            h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+        }
         *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     } else if (dt == PA_DTYPE_FP8_E5M2) {
@@ -643,7 +667,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     /* 16-bit and fp32 keys: 3 at a time over 8-dim steps, 12 accumulators with one FMA each per
      * step (pairs over 16-dim steps chain two FMAs per accumulator and step: at the FMA latency
      * that is the whole FMA throughput, with no slack); a tile of 16 ends with two pairs */
-    if (dt != PA_DTYPE_FP8_E4M3 && dt != PA_DTYPE_FP8_E5M2)
+    if (!is_e4m3(dt) && dt != PA_DTYPE_FP8_E5M2)
         for (; nc - c >= 3 && nc - c != 4; c += 3) {
             const char *k0 = krows[c], *k1 = krows[c + 1], *k2 = krows[c + 2];
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
@@ -723,7 +747,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             pf_rows(pf, pi, pe);
             pi = pe;
         }
-        if (dt == PA_DTYPE_FP8_E4M3) t = _mm256_mul_ps(t, sc);
+        if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
         __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
         _mm_storel_pi((__m64 *)(s + c), lo);
         _mm_storeh_pi((__m64 *)(s + lds + c), lo);
@@ -741,7 +765,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
         }
         __m256 t = hsum8(a0, a1, a2, a3, z, z, z, z);
-        if (dt == PA_DTYPE_FP8_E4M3) t = _mm256_mul_ps(t, sc);
+        if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
         float u[8];
         _mm256_storeu_ps(u, t);
         for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
@@ -757,7 +781,7 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
                                                             float *o)
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
-    const float in = dt == PA_DTYPE_FP8_E4M3 ? 1.0f / 256.0f : 1.0f;
+    const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f;
     __m256 acc[4][3];
     for (int h = 0; h < 4; h++) {
         __m256 al = _mm256_set1_ps(alpha[h] * in);
@@ -784,7 +808,7 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
     for (int h = 0; h < 4; h++)
         for (int u = 0; u < NV; u++)
             _mm256_store_ps(o + (size_t)h * dp + j + 8 * u,
-                            dt == PA_DTYPE_FP8_E4M3 ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
+                            is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
 }
 
 /* (pf: a share of the rows before each chunk of dims, in proportion to its width) */
@@ -874,6 +898,21 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
     }
 }
 
+/* Whether some E4M3 value among the first d bytes of the n rows is a NaN (S.1111.111). */
+static bool e4m3_rows_nan(const void *const *rows, int n, int d)
+{
+    const __m256i m = _mm256_set1_epi8(0x7f);
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < n; i++) {
+        const unsigned char *r = rows[i];
+        int j = 0;
+        for (; j + 32 <= d; j += 32) acc = _mm256_max_epu8(acc, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + j)), m));
+        for (; j < d; j++)
+            if ((r[j] & 0x7f) == 0x7f) return true;
+    }
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, m)) != 0;
+}
+
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                       float *s, int lds, const pa__cpu_pf *pf)
 {
@@ -881,7 +920,10 @@ static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_FP8_E4M3: qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (e4m3_rows_nan(krows, nc, dp)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
+        else qk_src_rows(DT_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        break;
     case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
     }
@@ -895,7 +937,10 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    case PA_DTYPE_FP8_E4M3: pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        else pv_src_rows(DT_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        break;
     case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     default: break;
     }
