@@ -615,6 +615,15 @@ int pa_tool_bench(int argc, char **argv)
             if (lims[i].bf16_gflops > 0) printf("%7.1f GFLOP/s\n", lims[i].bf16_gflops);
             else printf("n/a (no AVX512-BF16 here: bf16 cases are held to the fp32 FMA peak)\n");
         }
+        /* a core taken by another process while the limits were probed (or SMT siblings) shows
+         * as poor scaling of the register-only FMA probe: fractions at that count read high */
+        for (int i = 0; i < nthreads; i++)
+            for (int j = 0; j < nthreads; j++)
+                if (lims[j].threads == 1 && lims[i].threads > 1 &&
+                    lims[i].fma_gflops < 0.75 * lims[i].threads * lims[j].fma_gflops)
+                    printf("  note: %d threads probed only %.2fx the one-thread FMA peak (SMT siblings, or cores "
+                           "taken by other processes during the probe): fractions at %d threads may overstate\n",
+                           lims[i].threads, lims[i].fma_gflops / lims[j].fma_gflops, lims[i].threads);
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
