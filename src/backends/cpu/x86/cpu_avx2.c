@@ -670,29 +670,17 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     if (!is_e4m3(dt) && dt != PA_DTYPE_FP8_E5M2)
         for (; nc - c >= 3 && nc - c != 4; c += 3) {
             const char *k0 = krows[c], *k1 = krows[c + 1], *k2 = krows[c + 2];
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
-            __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+            __m256 a[4][3];
+            for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = a[h][2] = _mm256_setzero_ps();
             for (int j = 0; j < dp; j += 8) {
-                __m256 x0 = cvt8r(dt, k0 + j * es), x1 = cvt8r(dt, k1 + j * es), x2 = cvt8r(dt, k2 + j * es);
-                __m256 w = _mm256_load_ps(q0 + j);
-                a00 = _mm256_fmadd_ps(w, x0, a00);
-                a01 = _mm256_fmadd_ps(w, x1, a01);
-                a02 = _mm256_fmadd_ps(w, x2, a02);
-                w = _mm256_load_ps(q1 + j);
-                a10 = _mm256_fmadd_ps(w, x0, a10);
-                a11 = _mm256_fmadd_ps(w, x1, a11);
-                a12 = _mm256_fmadd_ps(w, x2, a12);
-                w = _mm256_load_ps(q2 + j);
-                a20 = _mm256_fmadd_ps(w, x0, a20);
-                a21 = _mm256_fmadd_ps(w, x1, a21);
-                a22 = _mm256_fmadd_ps(w, x2, a22);
-                w = _mm256_load_ps(q3 + j);
-                a30 = _mm256_fmadd_ps(w, x0, a30);
-                a31 = _mm256_fmadd_ps(w, x1, a31);
-                a32 = _mm256_fmadd_ps(w, x2, a32);
+                __m256 x[3] = {cvt8r(dt, k0 + j * es), cvt8r(dt, k1 + j * es), cvt8r(dt, k2 + j * es)};
+                for (int h = 0; h < 4; h++) {
+                    __m256 w = _mm256_load_ps(q0 + (size_t)h * dp + j);
+                    for (int u = 0; u < 3; u++) a[h][u] = _mm256_fmadd_ps(w, x[u], a[h][u]);
+                }
             }
-            __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
-            __m256 z = _mm256_hadd_ps(_mm256_hadd_ps(a02, a12), _mm256_hadd_ps(a22, a32));
+            __m256 t = hsum8(a[0][0], a[0][1], a[1][0], a[1][1], a[2][0], a[2][1], a[3][0], a[3][1]);
+            __m256 z = _mm256_hadd_ps(_mm256_hadd_ps(a[0][2], a[1][2]), _mm256_hadd_ps(a[2][2], a[3][2]));
             __m128 u = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
             if (pf) {
                 int pe = (int)((int64_t)(c + 3) * pf->n / nc);
