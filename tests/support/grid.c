@@ -756,9 +756,10 @@ static int make_qkv(ginputs *in, uint64_t *rng)
 static int64_t pool_offset(const ginputs *in, int32_t block, int32_t t, int32_t h);
 
 /* nonfinite cases: NaN in the cached V of the last sequence (two thirds into its context, last
- * KV head, dim 3), NaN in the cached K of sequence 1 (position 5, KV head 0, dim 0), and +inf in
- * the new K row of sequence 0's token 20 (last KV head, dim 7) when it has one: every query row
- * that sees that key gets a logit of +inf or -inf by the sign of its q there. */
+ * KV head, dim 3), NaN in the cached K of sequence 1 (position 5, KV head 0, dim 0), +inf in
+ * the new K row of sequence 0's token 20 (last KV head, dim 7) when it has one (every query row
+ * that sees that key gets a logit of +inf or -inf by the sign of its q there), and NaN in the
+ * query of the last sequence's last token, head 0, dim 1 (every logit of that row is NaN). */
 static void poison_inputs(ginputs *in)
 {
     const gcase *c = in->c;
@@ -774,6 +775,7 @@ static void poison_inputs(ginputs *in)
         void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
         store_float(c->kvd, kb, 20 * in->k_rs + (int64_t)(c->Hkv - 1) * c->D + 7 % c->D, INFINITY);
     }
+    store_float(c->qd, (char *)in->qkv.p + in->q_off, (in->ntok - 1) * in->q_rs + 1 % c->D, NAN);
 }
 
 static void free_inputs(ginputs *in)
