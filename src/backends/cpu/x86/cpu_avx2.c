@@ -666,7 +666,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     int c = 0;
     /* 16-bit and fp32 keys: 3 at a time over 8-dim steps, 12 accumulators with one FMA each per
      * step (pairs over 16-dim steps chain two FMAs per accumulator and step: at the FMA latency
-     * that is the whole FMA throughput, with no slack); a tile of 16 ends with two pairs */
+     * that is the whole FMA throughput, with no slack); the last 2 or 4 keys go as pairs */
     if (!is_e4m3(dt) && dt != PA_DTYPE_FP8_E5M2)
         for (; nc - c >= 3 && nc - c != 4; c += 3) {
             const char *k0 = krows[c], *k1 = krows[c + 1], *k2 = krows[c + 2];
@@ -805,6 +805,8 @@ static inline __attribute__((always_inline)) void pv4_dims(pa_dtype dt, const vo
                                                            const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     int j = 0, pi = 0;
+    /* (the same step as in qk4_body, written out: an always-inline helper for it changed gcc's
+     * register allocation here and put an fp8 accumulator on the stack) */
 #define PV4_PF(w)                                                                                    \
     do {                                                                                             \
         if (pf) {                                                                                    \
