@@ -6,9 +6,6 @@
 
 #include <immintrin.h>
 
-#ifndef CPU_KPFL
-#  define CPU_KPFL 3 /* locality of the decode kernels' prefetches */
-#endif
 
 /* ---- conversions -------------------------------------------------------------------------- */
 
@@ -626,33 +623,6 @@ static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char
         *x0 = cvt8(dt, p);
         *x1 = cvt8(dt, p + 8 * es);
     }
-}
-
-/* Prefetches rows [i0, i1) of pf (every 64-byte line they touch). The decode kernels call it a
- * few rows at a time from inside their loops, so the next call's rows stream in while this one
- * computes, instead of one burst of misses before the call. Always inlined (gcc deletes a call
- * to a function whose only effect is __builtin_prefetch). */
-static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, int i0, int i1)
-{
-    if (!pf) return;
-    if (i1 > pf->n) i1 = pf->n;
-    for (int i = i0; i < i1; i++) {
-        uintptr_t a = (uintptr_t)pf->rows[i] & ~(uintptr_t)63, e = (uintptr_t)pf->rows[i] + (uintptr_t)pf->bytes;
-        for (; a < e; a += 64) __builtin_prefetch((const void *)a, 0, CPU_KPFL);
-    }
-}
-
-/* The part [g * n / ng, (g + 1) * n / ng) of pf, for group g of ng (NULL stays NULL). */
-static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
-{
-    pa__cpu_pf r = {NULL, 0, 0};
-    if (pf && ng > 0) {
-        int a = (int)((int64_t)g * pf->n / ng), b = (int)((int64_t)(g + 1) * pf->n / ng);
-        r.rows = pf->rows + a;
-        r.n = b - a;
-        r.bytes = pf->bytes;
-    }
-    return r;
 }
 
 static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const void *const *krows, int nc,

@@ -1,15 +1,32 @@
 /* cpu_avx512.c: AVX-512 (F, BW, VL) kernels, compiled with their own flags and chosen at run
  * time only after CPUID + XGETBV (XCR0 opmask/ZMM state) say the machine runs them. They
- * override the conversion, QK and PV entries of the AVX2 table (installed first); the softmax
- * pieces and the output store stay AVX2. Arithmetic is fp32 FMA: the AVX512-BF16 dot product
- * (vdpbf16ps) would need the queries rounded to bf16, which the numerics contract forbids.
+ * override the AVX2 table (installed first) for every product: decode QK and PV straight from
+ * the cache rows, prefill QK over the transposed K tile and PV over the converted V tile, and the
+ * row conversion. The transposed K tile (its layout is shared), the softmax pieces and the output
+ * store stay AVX2. Arithmetic is fp32 FMA, 16 lanes.
+ *
+ * Blocking: 32 vector registers allow 12 accumulators plus the operands everywhere:
+ *  - decode QK: 4 query rows (one GQA 4 group) x 3 keys over 16-dim steps, each K chunk
+ *    converted once for the 4 rows; fewer rows take more keys (R x KB <= 12);
+ *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key;
+ *  - prefill QK: 6 rows x 32 keys (two vectors of the transposed tile), q broadcast;
+ *  - prefill PV: 6 rows x 32 dims, probabilities broadcast.
+ * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
  * NOTE: written on an AVX2-only machine: checked on the whole case grid with the intrinsics
- * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run on AVX-512 hardware. */
+ * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on AVX-512 hardware. */
 #include "../cpu.h"
 
 #include <immintrin.h>
 
-static inline __m512 cvt16(pa_dtype dtype, const char *p)
+#define AI static inline __attribute__((always_inline))
+
+AI size_t esize(pa_dtype dt)
+{
+    return dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+}
+
+/* 16 elements of dt at p as f32, exactly (E4M3 NaN stays NaN); dt is a constant after inlining. */
+AI __m512 cvt16(pa_dtype dtype, const char *p)
 {
     switch (dtype) {
     case PA_DTYPE_F32: return _mm512_loadu_ps(p);
@@ -22,6 +39,8 @@ static inline __m512 cvt16(pa_dtype dtype, const char *p)
         return _mm512_cvtph_ps(h);
     }
     case PA_DTYPE_FP8_E4M3: {
+        /* magnitude bits to f32 bit 20 (2^-120 times the value, subnormals included), times
+         * 2^120 exactly; sign to bit 31; the NaN code (S.1111.111) to NaN */
         __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
         __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
         __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(mag, 20)),
@@ -38,91 +57,281 @@ static inline __m512 cvt16(pa_dtype dtype, const char *p)
 static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
 {
     int dv = d & ~15;
-    size_t esz = pa_dtype_size(dtype);
+    size_t es = pa_dtype_size(dtype);
     for (int i = 0; i < n; i++) {
         float *o = dst + (size_t)i * dp;
         const char *src = rows[i];
         int j = 0;
-        for (; j < dv; j += 16) _mm512_store_ps(o + j, cvt16(dtype, src + (size_t)j * esz));
+        for (; j < dv; j += 16) _mm512_store_ps(o + j, cvt16(dtype, src + (size_t)j * es));
         for (; j < d; j++) o[j] = pa__load_f32(dtype, src, j);
         for (; j < dp; j++) o[j] = 0.0f;
     }
 }
 
-static void a5_qk(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds)
+/* ---- reductions --------------------------------------------------------------------------- */
+
+AI __m256 halves(__m512 a)
 {
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        const float *q0 = q + (size_t)r * dp;
-        int c = 0;
-        for (; c + 2 <= nc; c += 2) {
-            const float *k0 = k + (size_t)c * dp, *k1 = k0 + dp;
-            __m512 a[4][2];
-            for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm512_setzero_ps();
-            for (int j = 0; j < dp; j += 16) {
-                __m512 x0 = _mm512_load_ps(k0 + j), x1 = _mm512_load_ps(k1 + j);
-                for (int i = 0; i < 4; i++) {
-                    __m512 y = _mm512_load_ps(q0 + (size_t)i * dp + j);
-                    a[i][0] = _mm512_fmadd_ps(y, x0, a[i][0]);
-                    a[i][1] = _mm512_fmadd_ps(y, x1, a[i][1]);
-                }
-            }
-            for (int i = 0; i < 4; i++) {
-                s[(size_t)(r + i) * lds + c] = _mm512_reduce_add_ps(a[i][0]);
-                s[(size_t)(r + i) * lds + c + 1] = _mm512_reduce_add_ps(a[i][1]);
-            }
-        }
-        for (; c < nc; c++) {
-            const float *k0 = k + (size_t)c * dp;
-            for (int i = 0; i < 4; i++) {
-                __m512 acc = _mm512_setzero_ps();
-                for (int j = 0; j < dp; j += 16)
-                    acc = _mm512_fmadd_ps(_mm512_load_ps(q0 + (size_t)i * dp + j), _mm512_load_ps(k0 + j), acc);
-                s[(size_t)(r + i) * lds + c] = _mm512_reduce_add_ps(acc);
-            }
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* [sum a[0], ..., sum a[7]] */
+AI __m256 hsum8z(const __m512 *a)
+{
+    __m256 b0 = halves(a[0]), b1 = halves(a[1]), b2 = halves(a[2]), b3 = halves(a[3]);
+    __m256 b4 = halves(a[4]), b5 = halves(a[5]), b6 = halves(a[6]), b7 = halves(a[7]);
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(b4, b5), _mm256_hadd_ps(b6, b7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* out[i] = sum acc[i] for i < n (n <= 16), in groups of 8 (unused slots summed as zeros) */
+AI void hsum_n(const __m512 *acc, int n, float *out)
+{
+    __m512 g[16];
+    for (int i = 0; i < 16; i++) g[i] = i < n ? acc[i] : _mm512_setzero_ps();
+    _mm256_storeu_ps(out, hsum8z(g));
+    if (n > 8) _mm256_storeu_ps(out + 8, hsum8z(g + 8));
+}
+
+/* ---- decode QK: straight from the cache rows ---------------------------------------------- */
+
+/* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps. */
+AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
+                  float *s, int lds)
+{
+    const size_t es = esize(dt);
+    __m512 a[12];
+    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+    for (int j = 0; j < dp; j += 16) {
+        __m512 x[12];
+        for (int u = 0; u < KB; u++) x[u] = cvt16(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        for (int h = 0; h < R; h++) {
+            __m512 w = _mm512_load_ps(q + (size_t)h * dp + j);
+            for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
         }
     }
-    for (; r < nr; r++) {
-        const float *q0 = q + (size_t)r * dp;
-        for (int c = 0; c < nc; c++) {
-            const float *kc = k + (size_t)c * dp;
-            __m512 acc = _mm512_setzero_ps();
-            for (int j = 0; j < dp; j += 16)
-                acc = _mm512_fmadd_ps(_mm512_load_ps(q0 + j), _mm512_load_ps(kc + j), acc);
-            s[(size_t)r * lds + c] = _mm512_reduce_add_ps(acc);
+    float t[16];
+    hsum_n(a, R * KB, t);
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u];
+}
+
+/* R rows (1..4) over all nc keys: KB = 12 / R keys at a time, then single keys; pf's rows
+ * prefetched in proportion as the keys go. */
+AI void qkz_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
+                 int lds, const pa__cpu_pf *pf)
+{
+    const int KB = R == 4 ? 3 : R == 3 ? 4 : R == 2 ? 6 : 8;
+    int c = 0, pi = 0;
+    for (; c + KB <= nc; c += KB) {
+        qkz_block(R, KB, dt, krows, c, q, dp, s, lds);
+        if (pf) {
+            int pe = (int)((int64_t)(c + KB) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+    }
+    for (; c < nc; c++) qkz_block(R, 1, dt, krows, c, q, dp, s, lds);
+    if (pf) pf_rows(pf, pi, pf->n);
+}
+
+AI void qkz_src(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
+                int lds, const pa__cpu_pf *pf)
+{
+    int r = 0, ng = (nr + 3) / 4;
+    for (; r < nr; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const float *qr = q + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 4 ? nr - r : 4) {
+        case 4: qkz_rows(4, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 3: qkz_rows(3, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 2: qkz_rows(2, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        default: qkz_rows(1, dt, krows, nc, qr, dp, sr, lds, pp); break;
         }
     }
 }
 
-static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                  const float *alpha, const unsigned char *colmask, float *o)
+static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                      float *s, int lds, const pa__cpu_pf *pf)
 {
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        for (int j = 0; j < dp; j += 16) {
-            __m512 acc[4];
-            for (int i = 0; i < 4; i++)
-                acc[i] = _mm512_mul_ps(_mm512_load_ps(o + (size_t)(r + i) * dp + j),
-                                       _mm512_set1_ps(alpha[r + i]));
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                __m512 x = _mm512_load_ps(v + (size_t)c * dp + j);
-                for (int i = 0; i < 4; i++)
-                    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)(r + i) * ldp + c]), x, acc[i]);
-            }
-            for (int i = 0; i < 4; i++) _mm512_store_ps(o + (size_t)(r + i) * dp + j, acc[i]);
+    switch (dtype) {
+    case PA_DTYPE_F32: qkz_src(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qkz_src(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qkz_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3: qkz_src(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E5M2: qkz_src(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
+    default: break;
+    }
+}
+
+/* ---- PV: O = O * alpha + P V -------------------------------------------------------------- */
+
+/* dims [j, j + 16 NV) of the R rows at o (scaled by alpha first; NULL: by 1) over nv keys, key i
+ * being column c = idx[i] (idx NULL: i) of p and V row c: vd + c * dp (dense fp32 tile) or the
+ * cache row vr[c]. */
+AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+                  const float *p, int ldp, int j, int dp, const float *alpha, float *o)
+{
+    const size_t es = esize(dt);
+    __m512 acc[12];
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < NV; u++) {
+            __m512 x = _mm512_load_ps(o + (size_t)h * dp + j + 16 * u);
+            acc[h * NV + u] = alpha ? _mm512_mul_ps(x, _mm512_set1_ps(alpha[h])) : x;
+        }
+    for (int i = 0; i < nv; i++) {
+        int c = idx ? idx[i] : i;
+        const char *vp = vd ? (const char *)(vd + (size_t)c * dp + j) : (const char *)vr[c] + (size_t)j * es;
+        __m512 x[12];
+        for (int u = 0; u < NV; u++) x[u] = cvt16(dt, vp + (size_t)16 * u * es);
+        for (int h = 0; h < R; h++) {
+            __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
+            for (int u = 0; u < NV; u++) acc[h * NV + u] = _mm512_fmadd_ps(w, x[u], acc[h * NV + u]);
         }
     }
-    for (; r < nr; r++) {
-        float *orow = o + (size_t)r * dp;
-        for (int j = 0; j < dp; j += 16) {
-            __m512 acc = _mm512_mul_ps(_mm512_load_ps(orow + j), _mm512_set1_ps(alpha[r]));
-            for (int c = 0; c < nc; c++) {
-                if (colmask && !colmask[c]) continue;
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)r * ldp + c]),
-                                      _mm512_load_ps(v + (size_t)c * dp + j), acc);
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < NV; u++) _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, acc[h * NV + u]);
+}
+
+/* R rows (1..6) over all dims: chunks of NVmax = 12 / R vectors (at most 8), the last chunk
+ * narrower; pf's rows prefetched before each chunk in proportion to its width. */
+AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+                 const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
+{
+    const int NVM = R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
+    int j = 0, pi = 0;
+    while (j < dp) {
+        int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
+        if (pf) {
+            int pe = (int)((int64_t)(j + 16 * w) * pf->n / dp);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+        /* (n <= NVM always holds where a case is reached; the guard keeps the accumulator count
+         * of unreachable instances within the array) */
+        switch (w) {
+#define PVZ_CASE(n)                                                                                  \
+    case n:                                                                                          \
+        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o);  \
+        break;
+            PVZ_CASE(8)
+            PVZ_CASE(7)
+            PVZ_CASE(6)
+            PVZ_CASE(5)
+            PVZ_CASE(4)
+            PVZ_CASE(3)
+            PVZ_CASE(2)
+#undef PVZ_CASE
+        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o); break;
+        }
+        j += 16 * w;
+    }
+}
+
+/* Rows in groups of G (4 for decode, 6 for prefill tiles), the rest as one smaller group, over
+ * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
+ * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
+AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
+                int nr, int dp, const float *alpha, const unsigned char *colmask, float *o,
+                const pa__cpu_pf *pf)
+{
+    int idx[64];
+    for (int c0 = 0; c0 == 0 || c0 < nc; c0 += 64) {
+        int n = nc - c0 < 64 ? nc - c0 : 64, nv = n;
+        const int *ip = NULL;
+        if (colmask) {
+            nv = 0;
+            for (int c = 0; c < n; c++)
+                if (colmask[c0 + c]) idx[nv++] = c;
+            ip = idx;
+        }
+        const void *const *vrc = vr ? vr + c0 : NULL;
+        const float *vdc = vd ? vd + (size_t)c0 * dp : NULL, *al = c0 == 0 ? alpha : NULL;
+        const pa__cpu_pf *pfc = c0 == 0 ? pf : NULL;
+        int ng = (nr + G - 1) / G;
+        for (int r = 0; r < nr; r += G) {
+            pa__cpu_pf part = pf_part(pfc, r / G, ng);
+            const pa__cpu_pf *pp = pfc ? &part : NULL;
+            const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
+            float *orow = o + (size_t)r * dp;
+            switch (nr - r < G ? nr - r : G) {
+            case 6: pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 5: pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 4: pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 3: pvz_rows(3, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 2: pvz_rows(2, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            default: pvz_rows(1, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             }
-            _mm512_store_ps(orow + j, acc);
+        }
+    }
+}
+
+static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
+                      int dp, const float *alpha, const unsigned char *colmask, float *o,
+                      const pa__cpu_pf *pf)
+{
+    switch (dtype) {
+    case PA_DTYPE_F32: pvz_all(4, PA_DTYPE_F32, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_F16: pvz_all(4, PA_DTYPE_F16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_BF16: pvz_all(4, PA_DTYPE_BF16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        pvz_all(4, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        break;
+    case PA_DTYPE_FP8_E5M2:
+        pvz_all(4, PA_DTYPE_FP8_E5M2, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        break;
+    default: break;
+    }
+}
+
+static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
+                  const unsigned char *colmask, float *o)
+{
+    pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, NULL);
+}
+
+/* ---- prefill QK over the transposed K tile ------------------------------------------------ */
+
+/* R rows x 16 KB keys from c0: R x KB accumulators, one broadcast of q per row and dimension. */
+AI void qktz_block(int R, int KB, const float *q, const float *kt, int c0, int dp, float *s, int lds)
+{
+    __m512 a[12];
+    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+    for (int j = 0; j < dp; j++) {
+        __m512 k[2];
+        for (int u = 0; u < KB; u++) k[u] = _mm512_load_ps(kt + (size_t)j * CPU_KT + c0 + 16 * u);
+        for (int i = 0; i < R; i++) {
+            __m512 b = _mm512_set1_ps(q[(size_t)i * dp + j]);
+            for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_fmadd_ps(b, k[u], a[i * KB + u]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int u = 0; u < KB; u++) _mm512_storeu_ps(s + (size_t)i * lds + c0 + 16 * u, a[i * KB + u]);
+}
+
+AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float *s, int lds)
+{
+    int c0 = 0;
+    for (; c0 + 32 <= n16; c0 += 32) qktz_block(R, 2, q, kt, c0, dp, s, lds);
+    if (c0 < n16) qktz_block(R, 1, q, kt, c0, dp, s, lds);
+}
+
+static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
+{
+    int n16 = (nc + 15) & ~15;
+    for (int r = 0; r < nr; r += 6) {
+        const float *qr = q + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 6 ? nr - r : 6) {
+        case 6: qktz_rows(6, qr, kt, n16, dp, sr, lds); break;
+        case 5: qktz_rows(5, qr, kt, n16, dp, sr, lds); break;
+        case 4: qktz_rows(4, qr, kt, n16, dp, sr, lds); break;
+        case 3: qktz_rows(3, qr, kt, n16, dp, sr, lds); break;
+        case 2: qktz_rows(2, qr, kt, n16, dp, sr, lds); break;
+        default: qktz_rows(1, qr, kt, n16, dp, sr, lds); break;
         }
     }
 }
@@ -131,6 +340,11 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
 {
     k->name = "avx512";
     k->load_rows = a5_load_rows;
-    k->qk = a5_qk;
     k->pv = a5_pv;
+    k->qk_src = a5_qk_src;
+    k->pv_src = a5_pv_src;
+    k->qk_t = a5_qk_t;
+    k->pf_spread = true;
+    /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
+     * shape the driver makes), load_rows_t (same tile layout), row_max, exp_row, store_row */
 }
