@@ -45,7 +45,7 @@ typedef struct gcase {
     int no_kv;          /* K/V of new tokens pre-written; forward gets k = v = NULL */
     int explicit_slots; /* explicit slot mapping: every third new token -1 (pre-written) */
     float qscale;       /* query magnitude: sharper or flatter softmax */
-    int nonfinite;      /* NaN in a visible cached K and V value, +inf in a new K row */
+    int nonfinite;      /* NaN/inf in cached K and V, new K and V rows and a query (poison_inputs) */
 } gcase;
 
 static gcase cases[512];
@@ -446,6 +446,15 @@ static void build_nonfinite_cases(void)
     c.seqs[0] = (gseq){0, 100, 1, 0};
     c.nonfinite = 1;
     push(c, "nonfinite");
+    /* block-sparse decode, heads with different patterns: the NaN V key is visible to some rows
+     * of its KV group's tile and masked for others (the cpu decode kernels' listed columns) */
+    c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.layout = LAYOUT_HND;
+    c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.bs = (pa_blocksparse){16, 1, 3, 0, 1, 0};
+    decode_only(&c, 1500, 3);
+    c.nonfinite = 1;
+    push(c, "nonfinite");
 }
 
 static void build_cases(void)
@@ -758,8 +767,10 @@ static int64_t pool_offset(const ginputs *in, int32_t block, int32_t t, int32_t 
 /* nonfinite cases: NaN in the cached V of the last sequence (two thirds into its context, last
  * KV head, dim 3), NaN in the cached K of sequence 1 (position 5, KV head 0, dim 0), +inf in
  * the new K row of sequence 0's token 20 (last KV head, dim 7) when it has one (every query row
- * that sees that key gets a logit of +inf or -inf by the sign of its q there), and NaN in the
- * query of the last sequence's last token, head 0, dim 1 (every logit of that row is NaN). */
+ * that sees that key gets a logit of +inf or -inf by the sign of its q there), NaN in the new V
+ * row of sequence 0's token 30 (KV head 0, dim 2) when it has one (the causal rows of tokens 0-29
+ * do not see it and stay finite, though it sits in their key tiles), and NaN in the query of the
+ * last sequence's last token, head 0, dim 1 (every logit of that row is NaN). */
 static void poison_inputs(ginputs *in)
 {
     const gcase *c = in->c;
@@ -774,6 +785,10 @@ static void poison_inputs(ginputs *in)
     if (c->seqs[0].ctx == 0 && c->seqs[0].q > 20) {
         void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
         store_float(c->kvd, kb, 20 * in->k_rs + (int64_t)(c->Hkv - 1) * c->D + 7 % c->D, INFINITY);
+    }
+    if (c->seqs[0].ctx == 0 && c->seqs[0].q > 30) {
+        void *vb = in->vbuf.base ? in->vbuf.p : (char *)in->qkv.p + in->v_off;
+        store_float(c->kvd, vb, 30 * in->v_rs + 2 % c->D, NAN);
     }
     store_float(c->qd, (char *)in->qkv.p + in->q_off, (in->ntok - 1) * in->q_rs + 1 % c->D, NAN);
 }

@@ -77,9 +77,13 @@ typedef struct pa__cpu_kernels {
     void (*qk)(const float *q, int nr, const float *k, int nc, int dp, float *s, int lds);
     /* Max of s[0..n) (-inf for all -inf); NaN if some s[i] is NaN. */
     float (*row_max)(const float *s, int n);
-    /* s[i] = exp(s[i] - m) (exactly 0 where s[i] is -inf); returns the sum. m finite. */
+    /* s[i] = exp(s[i] - m), and -0.0f where s[i] is -inf (the mark of a masked key, apart from
+     * a visible one whose weight underflowed to +0); returns the sum. m finite. */
     float (*exp_row)(float *s, int n, float m);
-    /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c]. */
+    /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c].
+     * A listed column may hold masked entries (-0) for some rows; the ISA kernels multiply them
+     * (a no-op for finite V), so the driver sends a tile where such a column has a NaN or inf in
+     * V to pa__cpu_pv_masked instead (a masked key must never reach the row). */
     void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                const float *alpha, const unsigned char *colmask, float *o);
     /* Optional (NULL: load_rows + qk). Prefill tiles: kt[j * CPU_KT + i] = convert(rows[i][j])
@@ -104,6 +108,17 @@ typedef struct pa__cpu_kernels {
 } pa__cpu_kernels;
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
+
+/* A probability that marks a masked key (see exp_row): -0.0f. */
+static inline bool pa__cpu_masked(float p)
+{
+    return p == 0.0f && signbit(p);
+}
+
+/* The generic pv (every table's fallback), which skips masked entries row by row: exact for any
+ * V, NaN and inf included. */
+void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, int dp,
+                       const float *alpha, const unsigned char *colmask, float *o);
 #if defined(__x86_64__) || defined(_M_X64)
 #  define PA__CPU_X86 1
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);

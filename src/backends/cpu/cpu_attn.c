@@ -186,6 +186,37 @@ static float q_scale(const pa_layer_config *cfg)
     return cfg->scale * (cached && pa__dtype_is_fp8(cfg->cache_dtype) ? cfg->k_scale : 1.0f);
 }
 
+/* Whether some value among the first d of the n rows is NaN or inf (all exponent bits set). Only
+ * asked for tiles with masked entries (see pa__cpu_pv_masked). */
+static bool rows_nonfinite(pa_dtype dt, const void *const *rows, int n, int d)
+{
+    for (int i = 0; i < n; i++) {
+        unsigned acc = 0;
+        switch (dt) {
+        case PA_DTYPE_F32: {
+            const uint32_t *x = rows[i];
+            for (int j = 0; j < d; j++) acc |= (x[j] & 0x7f800000u) == 0x7f800000u;
+            break;
+        }
+        case PA_DTYPE_F16:
+        case PA_DTYPE_BF16: {
+            const uint16_t *x = rows[i];
+            unsigned e = dt == PA_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+            for (int j = 0; j < d; j++) acc |= (x[j] & e) == e;
+            break;
+        }
+        default: { /* fp8: E4M3 has no inf, NaN is S.1111.111; E5M2 as IEEE */
+            const uint8_t *x = rows[i];
+            unsigned e = dt == PA_DTYPE_FP8_E4M3 ? 0x7fu : 0x7cu;
+            for (int j = 0; j < d; j++) acc |= (x[j] & e) == e;
+            break;
+        }
+        }
+        if (acc) return true;
+    }
+    return false;
+}
+
 /* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
 static void score_fix(const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a, int nc)
 {
@@ -360,14 +391,14 @@ static void run_item(void *arg, int64_t index, int thread)
                 if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1; /* the row is NaN from now on */
                 float mn = mx > sc->m[r] ? mx : sc->m[r];
                 if (mn == -INFINITY || sc->bad[r]) {
-                    for (int c = 0; c < nc; c++) s[c] = 0.0f;
+                    for (int c = 0; c < nc; c++) s[c] = -0.0f; /* masked (bad rows: NaN anyway) */
                     sc->alpha[r] = 1.0f;
                     continue;
                 }
                 float al = sc->m[r] == mn ? 1.0f : (sc->m[r] == -INFINITY ? 0.0f : expf(sc->m[r] - mn));
                 float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
                 if (!sc->vis[r])
-                    for (int c = 0; c < nc; c++) s[c] = 0.0f;
+                    for (int c = 0; c < nc; c++) s[c] = -0.0f;
                 sc->l[r] = sc->l[r] * al + sum;
                 sc->m[r] = mn;
                 sc->alpha[r] = al;
@@ -378,23 +409,34 @@ static void run_item(void *arg, int64_t index, int thread)
                 if (!full) {
                     for (int c = 0; c < nc; c++) {
                         unsigned char v = 0;
-                        for (int r = 0; r < nrk && !v; r++) v = pk[r * CPU_KT + c] != 0.0f;
+                        for (int r = 0; r < nrk && !v; r++) v = !pa__cpu_masked(pk[r * CPU_KT + c]);
                         sc->colmask[c] = v;
                     }
                     cm = sc->colmask;
                 }
-                float *vv = sc->v + (size_t)k * kt * dp;
+                float *vv = sc->v + (size_t)k * kt * dp, *ok = sc->o + (size_t)k * nrk * dp;
+                const float *ak = sc->alpha + k * nrk;
                 if (direct) {
                     pa__cpu_pf pfr;
                     const pa__cpu_pf *pf = dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, it->nkv + k + dpf,
                                                                  nc, nnc, row_bytes)
                                                : NULL;
-                    K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, sc->alpha + k * nrk, cm,
-                              sc->o + (size_t)k * nrk * dp, pf);
+                    if (cm && rows_nonfinite(ks[k].dtype, vr[k], nc, d)) {
+                        /* a masked key's NaN or inf must not reach the rows that mask it: one
+                         * head at a time through the start of the V scratch */
+                        if (pf) prefetch_rows(pf->rows, pf->n, row_bytes);
+                        K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
+                        pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok);
+                    } else {
+                        K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
+                    }
                 } else {
                     key_rows(&ks[k], true, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
-                    K->pv(pk, CPU_KT, nrk, vv, nc, dp, sc->alpha + k * nrk, cm, sc->o + (size_t)k * nrk * dp);
+                    if (cm && rows_nonfinite(ks[k].dtype, sc->rows, nc, d))
+                        pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok);
+                    else
+                        K->pv(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok);
                 }
             }
         }

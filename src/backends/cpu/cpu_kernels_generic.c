@@ -53,15 +53,15 @@ static float g_exp_row(float *s, int n, float m)
 {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) {
-        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+        float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m); /* masked: -0 (see cpu.h) */
         s[i] = e;
         sum += e;
     }
     return sum;
 }
 
-static void g_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                 const float *alpha, const unsigned char *colmask, float *o)
+void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, int dp,
+                       const float *alpha, const unsigned char *colmask, float *o)
 {
     for (int r = 0; r < nr; r++) {
         float *orow = o + (size_t)r * dp;
@@ -72,7 +72,7 @@ static void g_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp
         for (int c = 0; c < nc; c++) {
             if (colmask && !colmask[c]) continue;
             float w = pr[c];
-            if (w == 0.0f) continue; /* masked or underflowed: contributes nothing */
+            if (pa__cpu_masked(w)) continue; /* never multiplied: its V may be NaN or inf */
             const float *vc = v + (size_t)c * dp;
             for (int j = 0; j < dp; j++) orow[j] += w * vc[j];
         }
@@ -91,7 +91,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->qk = g_qk;
     k->row_max = g_row_max;
     k->exp_row = g_exp_row;
-    k->pv = g_pv;
+    k->pv = pa__cpu_pv_masked;
     k->store_row = g_store_row;
     k->qk_src = NULL;
     k->load_rows_t = NULL;

@@ -281,13 +281,13 @@ static float n_exp_row(float *s, int n, float m)
     for (; i + 4 <= n; i += 4) {
         float32x4_t x = vld1q_f32(s + i);
         float32x4_t e = exp4(vsubq_f32(x, vm));
-        e = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), vceqq_f32(x, ninf)));
+        e = vbslq_f32(vceqq_f32(x, ninf), vdupq_n_f32(-0.0f), e); /* masked: -0 (see cpu.h) */
         vst1q_f32(s + i, e);
         acc = vaddq_f32(acc, e);
     }
     float sum = hsum1(acc);
     for (; i < n; i++) {
-        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+        float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m);
         s[i] = e;
         sum += e;
     }

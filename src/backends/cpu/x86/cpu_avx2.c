@@ -327,13 +327,13 @@ static float a2_exp_row(float *s, int n, float m)
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(s + i);
         __m256 e = exp8(_mm256_sub_ps(x, vm));
-        e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), e);
+        e = _mm256_blendv_ps(e, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)); /* masked: -0 */
         _mm256_storeu_ps(s + i, e);
         acc = _mm256_add_ps(acc, e);
     }
     float sum = hsum1(acc);
     for (; i < n; i++) {
-        float e = s[i] == -INFINITY ? 0.0f : expf(s[i] - m);
+        float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m);
         s[i] = e;
         sum += e;
     }
