@@ -405,6 +405,25 @@ __device__ __forceinline__ uint16_t f32_to_16(float x, bool bf16)
     return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
 }
 
+__device__ __forceinline__ float f16_to_32(uint32_t b, bool bf16)
+{
+    return bf16 ? __uint_as_float((b & 0xffffu) << 16) : __half2float(__ushort_as_half((uint16_t)(b & 0xffffu)));
+}
+
+/* Whether either 16-bit value of w is NaN or inf (exponent all ones). */
+__device__ __forceinline__ bool nonfinite2(uint32_t w, bool bf16)
+{
+    const uint32_t e = bf16 ? 0x7f80u : 0x7c00u;
+    return (w & e) == e || ((w >> 16) & e) == e;
+}
+
+/* Masked keys and non-finite V (both tensor-core kernels): an mma multiplies every key of a
+ * step for every row, a masked one with P = 0, and 0 x NaN or 0 x inf is NaN, while a row must
+ * not see a key it masks. So the V of keys that some rows of a tile mask is checked, and where
+ * it holds a NaN or inf the work goes to plain FMAs that skip each row's masked keys: the whole
+ * tile (prefill, mma_tile_exact: checked once before the loop, so the mma loop keeps its
+ * registers) or the one step (decode). Bad input only: the common path stays the mma. */
+
 #ifdef PA_CU_EMULATE
 /* The emulator computes the warp's product from every lane's fragments (layouts above). */
 __device__ inline float val16(uint32_t w, int half, bool bf16)
@@ -508,6 +527,67 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *row, b
 }
 #endif
 
+/* The rows [row_begin, row_end) of an mma prefill tile of sequence s, KV head hk, exactly (fp32
+ * scores and probabilities, masked keys skipped), a warp per row: for tiles whose masked keys
+ * have a NaN or inf in V. 16-bit q and cache of the same dtype, as attn_mma_kernel's. */
+template <int D>
+__device__ __noinline__ void mma_tile_exact(const pa_cu_attn_params &P, int s, int hk, int64_t row_begin,
+                                            int64_t row_end)
+{
+    constexpr int NL = D / 32 > 0 ? D / 32 : 1; /* dims per lane: lane + 32 i */
+    const bool bf16 = P.cache_dtype == PA_DTYPE_BF16;
+    const int G = P.group, lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
+    const int64_t q0 = P.qstart[s], c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+    const uint16_t *qp = (const uint16_t *)P.q, *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    for (int64_t row = row_begin + warp; row < row_end; row += nw) {
+        const int64_t t = row / G, p = c + t;
+        const int h = hk * G + (int)(row - t * G);
+        int64_t lo, hi;
+        key_range(P, p, kv_len, &lo, &hi);
+        float q[NL];
+#pragma unroll
+        for (int i = 0; i < NL; i++) {
+            const int d = lane + 32 * i;
+            q[i] = d < D ? f16_to_32(qp[(q0 + t) * P.q_rs + (int64_t)h * D + d], bf16) : 0.f;
+        }
+        float m = -INFINITY, l = 0.f, acc[NL];
+#pragma unroll
+        for (int i = 0; i < NL; i++) acc[i] = 0.f;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int64_t j = lo; j < hi; j++) {
+                if (!blocksparse_visible(P, h, p, j)) continue; /* warp-uniform */
+                const int64_t off = (int64_t)table[j / P.c_bs] * P.c_block + (j % P.c_bs) * P.c_token +
+                                    (int64_t)hk * P.c_head;
+                float part = 0.f;
+#pragma unroll
+                for (int i = 0; i < NL; i++)
+                    if (lane + 32 * i < D) part = fmaf(q[i], f16_to_32(kc[off + lane + 32 * i], bf16), part);
+                const float x = logit(P, warp_sum(part) * P.scale, h, p, j);
+                if (pass == 0) {
+                    m = fmaxf(m, x);
+                    continue;
+                }
+                const float w = expf(x - m);
+                l += w;
+#pragma unroll
+                for (int i = 0; i < NL; i++)
+                    if (lane + 32 * i < D) acc[i] = fmaf(w, f16_to_32(vc[off + lane + 32 * i], bf16), acc[i]);
+            }
+            if (m == -INFINITY) break; /* nothing visible */
+        }
+        float mm = m, ll = l;
+        const float a = add_sink(P, h, mm, ll);
+        const float inv = ll != 0.f ? a / ll : 0.f; /* NaN sum: a poisoned row, NaN */
+        const int64_t base = (q0 + t) * P.out_rs + (int64_t)h * D;
+#pragma unroll
+        for (int i = 0; i < NL; i++)
+            if (lane + 32 * i < D) pa_cu_store(P.out_dtype, P.out, base + lane + 32 * i, acc[i] * inv);
+        if (P.lse && lane == 0)
+            P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = ll != 0.f ? mm + logf(ll) : -INFINITY;
+    }
+}
+
 template <int D, bool LDM>
 __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
@@ -562,6 +642,27 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
     const int64_t chunk0 = kbeg < kend ? (kbeg / PA_CU_KCHUNK) * PA_CU_KCHUNK : kend;
+    /* keys that some rows of the tile mask and others see (every key of the chunks with a
+     * block-sparse pattern; else outside [lo_b, hi_a), which every row sees): a NaN or inf in
+     * their V sends the tile to the exact SIMT routine (bad input only) */
+    {
+        const bool all = P.bs_block > 0;
+        const int64_t a0 = chunk0, a1 = all ? kend : min(max(lo_b, chunk0), kend);
+        const int64_t b0 = all ? kend : max(hi_a, a1), b1 = kend;
+        const int64_t n = (a1 - a0) + (b1 - b0);
+        bool bad = false;
+        for (int64_t e = tid; e < n * (D / 2); e += blockDim.x) {
+            const int64_t k = e / (D / 2), j = k < a1 - a0 ? a0 + k : b0 + (k - (a1 - a0));
+            const int d = (int)(e - k * (D / 2)) * 2;
+            const int64_t off = (int64_t)P.tables[(int64_t)s * P.table_stride + j / P.c_bs] * P.c_block +
+                                (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
+            bad |= nonfinite2(pack16(vc[off], vc[off + 1]), bf16);
+        }
+        if (__syncthreads_or(bad)) {
+            mma_tile_exact<D>(P, s, hk, row_begin, row_end);
+            return;
+        }
+    }
 
     /* 16-byte path (the host checked strides and alignment): chunk i + 1 streams into the other
      * shared buffer by cp.async while chunk i is computed; keys past the range are zero-filled,
@@ -1099,6 +1200,8 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     }
     PA_CU_STATIC_SMEM float sh_w[NW][8];
     PA_CU_STATIC_SMEM float sh_l[NW][8];
+    PA_CU_STATIC_SMEM __align__(16) uint16_t sh_fv[NW][16 * D]; /* masked keys with non-finite V: */
+    PA_CU_STATIC_SMEM float sh_fp[NW][16 * 8];                   /* one step, per warp */
     PA_CU_STATIC_SMEM float sh_fin[8][2];
 
     const pa_cu_item it = P.items[blockIdx.x];
@@ -1163,6 +1266,10 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     const bool hi_half = (g & 1) != 0;
 
     const int chunk0 = kbeg < kend ? (kbeg & ~15) : kend;
+    /* can a step hold a key that one row masks and another sees? (warp-uniform; not when every
+     * row has the same range and there is no block-sparse pattern: the usual decode) */
+    const bool mixed = __any_sync(0xffffffffu, P.bs_block > 0 || (rvv[1] && (rlo[1] != kbeg || rhi[1] != kend)) ||
+                                                   (rvv[2] && (rlo[2] != kbeg || rhi[2] != kend)));
     /* ST > 0: step jn's copies into ring stage `stage` (none past the range; a group either way) */
     auto issue = [&](int64_t jn, int stage) {
         if (jn < kend) {
@@ -1229,6 +1336,24 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
                 v = logit(P, sc[e] * kmul, rh[i], rp[i], j);
             x[e] = v;
         }
+        bool fix = false;
+        if (mixed) { /* a masked key in range, and a NaN or inf in this step's V? */
+            bool mk = false, bad = false;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = jb + g + 8 * (e >> 1);
+                mk |= x[e] == -INFINITY && j >= kbeg && j < kend;
+            }
+            if (__any_sync(0xffffffffu, mk)) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int w = 0; w < VW; w++)
+                        bad |= nonfinite2(vr[i][w].x, BF) || nonfinite2(vr[i][w].y, BF) ||
+                               nonfinite2(vr[i][w].z, BF) || nonfinite2(vr[i][w].w, BF);
+                fix = __any_sync(0xffffffffu, bad);
+            }
+        }
         uint16_t p16[4];
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* row 2t4 + r: x[r] (key g), x[2 + r] (key g + 8) */
@@ -1258,6 +1383,35 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
         } else {
             pb[0] = (a01 & 0xffffu) | (b01 << 16);
             pb[1] = (a23 & 0xffffu) | (b23 << 16);
+        }
+        if (fix) {
+            /* the step's V (key x dim, as loaded) and probabilities (key x row, -0 = masked)
+             * through this warp's shared scratch, then plain FMAs that skip masked entries */
+            uint16_t *fv = sh_fv[warp];
+            float *fp = sh_fp[warp];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int w = 0; w < VW; w++)
+                    *(uint4 *)(fv + (2 * t4 + (i & 1) + 8 * (i >> 1)) * D + NT * g + 8 * w) = vr[i][w];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                fp[(g + 8 * (e >> 1)) * 8 + 2 * t4 + (e & 1)] = x[e] == -INFINITY ? -0.f : f16_to_32(p16[e], BF);
+            __syncwarp();
+#pragma unroll 1
+            for (int k = 0; k < 16; k++) {
+                const float p0 = fp[k * 8 + 2 * t4], p1 = fp[k * 8 + 2 * t4 + 1];
+                const bool u0 = !(p0 == 0.f && signbit(p0)), u1 = !(p1 == 0.f && signbit(p1));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const uint32_t w = *(const uint32_t *)(fv + k * D + NT * g + 2 * mt);
+                    const float v0 = f16_to_32(w, BF), v1 = f16_to_32(w >> 16, BF);
+                    if (u0) o[mt][0] = fmaf(p0, v0, o[mt][0]), o[mt][2] = fmaf(p0, v1, o[mt][2]);
+                    if (u1) o[mt][1] = fmaf(p1, v0, o[mt][1]), o[mt][3] = fmaf(p1, v1, o[mt][3]);
+                }
+            }
+            __syncwarp(); /* read before the next step's writes */
+            continue;
         }
         /* O^T += V^T P^T: A row g of m-tile mt = real dim NT g + 2 mt, row g + 8 = that + 1 */
 #pragma unroll

@@ -89,9 +89,21 @@ __device__ __forceinline__ float pa_cu_load(int dt, const void *base, int64_t i)
 }
 
 /* Stores f as element i, rounded once to nearest-even; fp8 saturates to the largest finite
- * value (NaN stays NaN), as pa_f32_to_fp8e4m3/e5m2 do. */
+ * value; NaN stays NaN with its sign, in the same codes as the library's pa_f32_to_* (the cuda
+ * intrinsics' canonical NaNs differ, and the cache must hold what the reference writes). */
 __device__ __forceinline__ void pa_cu_store(int dt, void *base, int64_t i, float f)
 {
+    if (isnan(f)) { /* the library's NaN codes (pa_f32_to_*): sign kept, quiet */
+        const uint32_t u = __float_as_uint(f), sg = u >> 31;
+        switch (dt) {
+        case PA_DTYPE_F32: ((float *)base)[i] = f; return;
+        case PA_DTYPE_F16: ((uint16_t *)base)[i] = (uint16_t)((sg << 15) | 0x7e00u); return;
+        case PA_DTYPE_BF16: ((uint16_t *)base)[i] = (uint16_t)((u >> 16) | 0x0040u); return;
+        case PA_DTYPE_FP8_E4M3: ((uint8_t *)base)[i] = (uint8_t)((sg << 7) | 0x7fu); return;
+        case PA_DTYPE_FP8_E5M2: ((uint8_t *)base)[i] = (uint8_t)((sg << 7) | 0x7eu); return;
+        default: return;
+        }
+    }
     switch (dt) {
     case PA_DTYPE_F32: ((float *)base)[i] = f; break;
     case PA_DTYPE_F16: ((__half *)base)[i] = __float2half_rn(f); break;

@@ -39,11 +39,40 @@ inline float shfl(float v, int a, bool x)
 inline int shfl(int v, int a, bool x) { return (int)shfl_bits((uint32_t)v, a, x); }
 inline unsigned shfl(unsigned v, int a, bool x) { return shfl_bits(v, a, x); }
 void warp_gather(const uint32_t *mine, int n, uint32_t *all);
+/* Votes: any lane of the warp, any thread of the block (barriers, as on the GPU). */
+inline int any_sync(int pred)
+{
+    uint32_t mine = pred != 0, all[32];
+    warp_gather(&mine, 1, all);
+    for (int i = 0; i < 32; i++)
+        if (all[i]) return 1;
+    return 0;
+}
+inline void syncwarp()
+{
+    uint32_t none = 0;
+    warp_gather(&none, 0, &none);
+}
+inline int syncthreads_or(int pred)
+{
+    static int acc;
+    syncthreads(); /* every thread has read the previous vote */
+    if (g.thread.x == 0 && g.thread.y == 0 && g.thread.z == 0) acc = 0;
+    syncthreads();
+    if (pred) acc = 1;
+    syncthreads();
+    int r = acc;
+    syncthreads();
+    return r;
+}
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
 } // namespace pa_emu
 
 #ifndef __launch_bounds__
 #  define __launch_bounds__(...)
+#endif
+#ifndef __noinline__
+#  define __noinline__ __attribute__((noinline))
 #endif
 #define threadIdx (pa_emu::g.thread)
 #define blockIdx (pa_emu::g.block)
@@ -52,12 +81,21 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &bod
 #define __syncthreads() pa_emu::syncthreads()
 #define __shfl_xor_sync(mask, v, o) pa_emu::shfl((v), (o), true)
 #define __shfl_sync(mask, v, l) pa_emu::shfl((v), (l), false)
+#define __any_sync(mask, p) pa_emu::any_sync(p)
+#define __syncwarp(...) pa_emu::syncwarp()
+#define __syncthreads_or(p) pa_emu::syncthreads_or(p)
 
 static inline float __int_as_float(int x)
 {
     float f;
     memcpy(&f, &x, 4);
     return f;
+}
+static inline unsigned __float_as_uint(float f)
+{
+    unsigned x;
+    memcpy(&x, &f, 4);
+    return x;
 }
 static inline float __uint_as_float(unsigned x)
 {

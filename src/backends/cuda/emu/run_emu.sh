@@ -17,14 +17,20 @@ cmake -S . -B "$B" -DPAGEDATTN_CUDA=OFF -DPAGEDATTN_BUILD_TOOLS=OFF $CMAKE_SAN >
 cmake --build "$B" -j"$(nproc)" --target pagedattn_static pagedattn_testsupport >/dev/null
 O="$B/emu-obj"
 mkdir -p "$O"
+rm -f "$O"/*.o # a failed compile must not leave an old object to link
 INC="-Iinclude -Isrc -Isrc/backends/cuda -I$CUDA_INC -Itests -Itests/support"
+pids=()
 for f in cuda_attn cuda_ops cuda_host; do
     g++ -std=c++17 $FLAGS -DPA_CU_EMULATE -DPAGEDATTN_BUILDING -Wall -Wno-unused-function -Wno-unknown-pragmas $INC -x c++ -c src/backends/cuda/$f.cu -o "$O/$f.o" &
+    pids+=($!)
 done
 g++ -std=c++17 $FLAGS -Wall $INC -c src/backends/cuda/emu/cuda_emu.cpp -o "$O/cuda_emu.o" &
+pids+=($!)
 gcc -std=c11 $FLAGS -DPAGEDATTN_BUILDING -DPAGEDATTN_HAVE_CUDA $INC -c src/backends/cuda/cuda_backend.c -o "$O/cuda_backend.o" &
+pids+=($!)
 gcc -std=c11 $FLAGS -DPAGEDATTN_BUILDING -DPAGEDATTN_HAVE_CUDA $INC -c src/core/registry.c -o "$O/registry.o" &
-wait
+pids+=($!)
+for p in "${pids[@]}"; do wait "$p"; done # (a bare wait returns 0 whatever the jobs did)
 for t in test_cuda_grid test_cuda_ops test_cuda_splits; do
     gcc -std=c11 $FLAGS $INC -c tests/$t.c -o "$O/$t.o"
     g++ $FLAGS "$O/$t.o" "$O"/registry.o "$O"/cuda_backend.o "$O"/cuda_host.o "$O"/cuda_attn.o \
