@@ -1,8 +1,9 @@
 #!/bin/sh
 # Runs the shared case grid on the cpu backend's AVX-512 kernels on a machine WITHOUT AVX-512,
-# by compiling src/backends/cpu/x86/cpu_avx512.c against SIMDe (apt install libsimde-dev), which
-# emulates the intrinsics, and forcing the path on. A development check of the kernels' logic,
-# not of the instructions; the grid then compares with the reference as usual.
+# by compiling src/backends/cpu/x86/cpu_avx512.c and cpu_avx512bf16.c against SIMDe (apt install
+# libsimde-dev), which emulates the intrinsics, and forcing the paths on: once as avx512, once as
+# avx512bf16 (ISAS="avx512" for one). A development check of the kernels' logic, not of the
+# instructions; the grid then compares with the reference as usual.
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
 set -eu
 root=$(pwd)
@@ -10,11 +11,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/fake"
 cat > "$work/fake/immintrin.h" <<'H'
+#pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <string.h>
 #include "pagedattn.h"
 typedef simde__mmask16 __mmask16;
+typedef simde__mmask32 __mmask32;
+static inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void *p) { uint16_t a[32] = {0}; __m512i r;
+  for (int i = 0; i < 32; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 2 * i, 2); memcpy(&r, a, 64); return r; }
 /* missing from SIMDe 0.7: */
 static inline __m512 _mm512_cvtph_ps(__m256i h) { uint16_t a[16]; float f[16]; __m512 r; memcpy(a, &h, 32);
   for (int i = 0; i < 16; i++) f[i] = pa_f16_to_f32(a[i]); memcpy(&r, f, 64); return r; }
@@ -28,7 +33,9 @@ H
 S=$root/src
 CF="-std=gnu11 -O2 -w -I$root/include -I$S -I$S/backends/cpu -DPAGEDATTN_HAVE_CPU -DPAGEDATTN_HAVE_AVX512 -DPAGEDATTN_BUILDING"
 # the backend with the AVX-512 path declared usable
-sed 's|    case PA__ISA_AVX512:|    case PA__ISA_AVX512: return true;|' "$S/backends/cpu/cpu_backend.c" > "$work/cpu_backend_forced.c"
+sed -e 's|    case PA__ISA_AVX512:|    case PA__ISA_AVX512: return true;|' \
+    -e 's|    case PA__ISA_AVX512BF16:|    case PA__ISA_AVX512BF16: return true;|' \
+    "$S/backends/cpu/cpu_backend.c" > "$work/cpu_backend_forced.c"
 for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/backends/cpu/cpu_pool.c" \
          "$S/backends/cpu/cpu_plan.c" "$S/backends/cpu/cpu_attn.c" "$S/backends/cpu/cpu_kernels_generic.c" \
          "$S/backends/cpu/x86/cpu_detect.c" "$work/cpu_backend_forced.c"; do
@@ -36,15 +43,21 @@ for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/bac
 done
 gcc $CF -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o"
 gcc $CF -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o"
+gcc $CF -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o"
 cat > "$work/main.c" <<'C'
 #include "grid.h"
 #include <stdlib.h>
 int main(int argc, char **argv)
 {
-    setenv("PAGEDATTN_CPU_ISA", "avx512", 1);
+    setenv("PAGEDATTN_CPU_ISA", "avx512", 0); /* the script sets it */
     return grid_run_all(pa_backend_find("cpu"), argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
 }
 C
 gcc -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
     "$root/tests/support/grid.c" "$work"/*.o -lm -lpthread -o "$work/grid_avx512"
-"$work/grid_avx512" "$@"
+rc=0
+for isa in ${ISAS:-avx512 avx512bf16}; do
+  echo "== isa $isa (SIMDe)"
+  PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" || rc=1
+done
+exit $rc

@@ -140,7 +140,7 @@ int main(void)
     /* batches (prefills first) containing sequence 0 and sequence 1 in various positions */
     const int b_alone0[] = {0}, b_alone1[] = {1};
     const int b_a[] = {2, 1, 3, 0}, b_b[] = {1, 5, 0, 4, 3}, b_c[] = {5, 2, 1, 4, 0};
-    static const char *const isas[] = {"generic", "avx2", "avx512", "neon"};
+    static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
     int ran = 0;
     for (int ii = 0; ii < (int)(sizeof isas / sizeof *isas); ii++) {
         setenv("PAGEDATTN_CPU_ISA", isas[ii], 1);

@@ -93,7 +93,7 @@ int main(void)
     float q[H * D], want[H * D], got[H * D];
     for (int i = 0; i < H * D; i++) q[i] = (float)(next_u32() % 2001) / 1000.0f - 1.0f;
 
-    static const char *const isas[] = {"generic", "avx2", "avx512", "neon"};
+    static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
     /* 0: no NaN; 1: NaN in V (key 37, KV head 1, dim 5, and key 150, head 0, dim 127, a
      * negative one); 2: also NaN in K (key 70, KV head 0, dim 9) */
     for (int phase = 0; phase < 3; phase++) {

@@ -16,7 +16,7 @@ int main(int argc, char **argv)
         return 77;
     }
     const char *filter = argc > 1 ? argv[1] : NULL;
-    static const char *const isas[] = {"generic", "avx2", "avx512", "neon"};
+    static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
     int ran = 0;
     for (int i = 0; i < (int)(sizeof isas / sizeof *isas); i++) {
         setenv("PAGEDATTN_CPU_ISA", isas[i], 1);

@@ -467,7 +467,14 @@ static void build_cases(void)
     build_type_cases();
     build_decode_cases();
     build_random_cases();
-    build_nonfinite_cases(); /* last: earlier cases keep their seeds (drawn from the index) */
+    build_nonfinite_cases(); /* earlier cases keep their seeds (drawn from the index) */
+    /* bf16 decode at a head size that is a multiple of 16 but not of 32 (the bf16 dot-product
+     * kernels' half step) */
+    gcase c = base_case();
+    c.D = 80, c.layout = LAYOUT_HND;
+    c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 700, 3);
+    push(c, "decode");
 }
 
 int grid_count(void)

@@ -102,6 +102,11 @@ typedef struct pa__cpu_kernels {
     void (*pv_src)(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
                    int dp, const float *alpha, const unsigned char *colmask, float *o,
                    const struct pa__cpu_pf *pf);
+    /* Optional (NULL: qk_src). Decode QK by bf16 dot products, for bf16 queries over bf16 key
+     * rows: S[r * lds + c] = scale * dot(Q16[r], K[c]) over dp, Q16 the query rows as given
+     * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
+    void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                        float *s, int lds, const struct pa__cpu_pf *pf);
     bool pf_spread;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
@@ -124,6 +129,7 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
 void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k);
+void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k);
 #  endif
 #endif
 #if defined(__aarch64__) || defined(_M_ARM64)
@@ -144,8 +150,9 @@ typedef enum {
     PA__ISA_GENERIC = 0,
     PA__ISA_AVX2 = 1,
     PA__ISA_AVX512 = 2,
-    PA__ISA_NEON = 3,
-    PA__ISA_COUNT_ = 4
+    PA__ISA_AVX512BF16 = 3, /* the AVX-512 path plus bf16 dot products */
+    PA__ISA_NEON = 4,
+    PA__ISA_COUNT_ = 5
 } pa__cpu_isa;
 /* Whether the path is compiled in and this machine can run it. */
 bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f);
@@ -167,6 +174,7 @@ int pa__cpu_online_cores(void);
 /* Per-thread fp32 scratch of one item (sized for head_size padded to dp_cap). */
 typedef struct pa__cpu_scratch {
     float *q;   /* [CPU_ROWS][dp] scaled queries */
+    uint16_t *q16; /* [CPU_ROWS][dp] bf16 queries as given, zero past d (qk_src_bf16) */
     float *o;   /* [CPU_ROWS][dp] accumulators */
     float *k;   /* [CPU_KROWS][dp]: [KV head of the item][key of the tile][dp] */
     float *v;   /* [CPU_KROWS][dp] */

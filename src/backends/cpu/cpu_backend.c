@@ -15,6 +15,8 @@ bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f)
     case PA__ISA_AVX512:
         return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw && f->avx512vl &&
                f->os_zmm;
+    case PA__ISA_AVX512BF16:
+        return pa__cpu_isa_usable(PA__ISA_AVX512, f) && f->avx512bf16;
 #  endif
 #endif
 #ifdef PA__CPU_ARM64
@@ -26,7 +28,7 @@ bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f)
 
 const char *pa__cpu_isa_name(pa__cpu_isa isa)
 {
-    static const char *const names[PA__ISA_COUNT_] = {"generic", "avx2", "avx512", "neon"};
+    static const char *const names[PA__ISA_COUNT_] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
     return (unsigned)isa < PA__ISA_COUNT_ ? names[isa] : "?";
 }
 
@@ -57,16 +59,17 @@ static pa_status choose_isa(pa__cpu_isa *out)
         return PA_STATUS_OK;
     }
     return pa__fail(PA_STATUS_INVALID_ARGUMENT,
-                    "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512, neon or auto", env);
+                    "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512, avx512bf16, neon or auto", env);
 }
 
 static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
 {
     pa__cpu_kernels_init_generic(k);
 #ifdef PA__CPU_X86
-    if (isa >= PA__ISA_AVX2) pa__cpu_kernels_init_avx2(k);
+    if (isa >= PA__ISA_AVX2 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx2(k);
 #  ifdef PAGEDATTN_HAVE_AVX512
-    if (isa >= PA__ISA_AVX512) pa__cpu_kernels_init_avx512(k);
+    if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512(k);
+    if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k);
 #  endif
 #endif
 #ifdef PA__CPU_ARM64
@@ -88,6 +91,7 @@ static const char *cpu_info(void)
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
              "avx512bf16=%d os-zmm=%d neon=%d\n"
              "avx512 path: %s\n"
+             "avx512bf16 path: %s\n"
              "neon path: %s\n"
              "threads: %d online cores\n",
              env && *env ? env : pa__cpu_isa_name(best),
@@ -100,7 +104,11 @@ static const char *cpu_info(void)
              pa__cpu_isa_usable(PA__ISA_AVX512, &f)
                  ? "built, runs here (checked on the grid under emulation only)"
                  : "built, cannot run on this CPU",
+             pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
+                 ? "built, runs here (checked on the grid under emulation only)"
+                 : "built, cannot run on this CPU",
 #else
+             "not built (compiler lacks the flags)",
              "not built (compiler lacks the flags)",
 #endif
 #ifdef PA__CPU_ARM64
@@ -130,6 +138,7 @@ static void free_scratch(pa__cpu_scratch *s, int n)
     if (!s) return;
     for (int i = 0; i < n; i++) {
         pa__free(s[i].q);
+        pa__free(s[i].q16);
         pa__free(s[i].o);
         pa__free(s[i].k);
         pa__free(s[i].v);
@@ -145,11 +154,12 @@ static pa_status alloc_scratch(int n, int32_t dp, pa__cpu_scratch **out)
     size_t rows = (size_t)CPU_ROWS * dp * sizeof(float), keys = (size_t)CPU_KROWS * dp * sizeof(float);
     for (int i = 0; i < n; i++) {
         s[i].q = pa__calloc(1, rows);
+        s[i].q16 = pa__calloc(1, rows / 2);
         s[i].o = pa__calloc(1, rows);
         s[i].k = pa__calloc(1, keys);
         s[i].v = pa__calloc(1, keys);
         s[i].s = pa__calloc(1, (size_t)CPU_ROWS * CPU_KT * sizeof(float));
-        if (!s[i].q || !s[i].o || !s[i].k || !s[i].v || !s[i].s) {
+        if (!s[i].q || !s[i].q16 || !s[i].o || !s[i].k || !s[i].v || !s[i].s) {
             free_scratch(s, i + 1);
             return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: scratch for head size %d", dp);
         }

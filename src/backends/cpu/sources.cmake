@@ -17,9 +17,11 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
     COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   check_c_compiler_flag("-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -mf16c" PA_CC_HAS_AVX512BF16)
   if(PA_CC_HAS_AVX512BF16)
-    list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_avx512.c)
+    list(APPEND PA_SOURCES ${PA_CPU_DIR}/x86/cpu_avx512.c ${PA_CPU_DIR}/x86/cpu_avx512bf16.c)
     set_source_files_properties(${PA_CPU_DIR}/x86/cpu_avx512.c PROPERTIES
       COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx2;-mfma;-mf16c")
+    set_source_files_properties(${PA_CPU_DIR}/x86/cpu_avx512bf16.c PROPERTIES
+      COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mavx2;-mfma;-mf16c")
     list(APPEND PA_PRIVATE_DEFS PAGEDATTN_HAVE_AVX512)
   endif()
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")

@@ -1,0 +1,93 @@
+/* cpu_avx512bf16.c: AVX512-BF16 dot products (vdpbf16ps), compiled with their own flags and
+ * chosen at run time only where CPUID says AVX512_BF16 on top of the AVX-512 path's checks
+ * (PAGEDATTN_CPU_ISA=avx512bf16). On top of the AVX-512 table it adds one kernel: decode QK for
+ * bf16 queries over bf16 key rows, straight from the cache, with no conversion at all.
+ *
+ * Numerics: the queries are taken as given (bf16, unscaled) and the keys as stored, so every
+ * product of two bf16 values is exact in fp32; vdpbf16ps adds them in fp32, and the layer's
+ * scale multiplies the finished sums (the contract's s = scale * dot(q, k)). What differs from
+ * the fp32 path is only the order of the additions, and that the instruction treats bf16
+ * subnormals (below 2^-126) as zero. PV stays fp32 (the AVX-512 kernels).
+ * NOTE: written on a machine without AVX-512: checked on the whole case grid with the intrinsics
+ * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on hardware. */
+#include "../cpu.h"
+#include "cpu_avx512_util.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+AI __m512bh as_bh(__m512i x)
+{
+    __m512bh r;
+    memcpy(&r, &x, sizeof r);
+    return r;
+}
+
+/* 32 bf16 values at p, or (m < 32) the first 16 and zeros (the rest is never read) */
+AI __m512bh ld32(const void *p, int m)
+{
+    return as_bh(m == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)0xffff, p));
+}
+
+/* S[r][c0 .. c0 + KB) = scale * dot for the R rows at q: R x KB accumulators over 32-dim steps
+ * (a last step of 16 when dp % 32 == 16). */
+AI void qkb_block(int R, int KB, const void *const *krows, int c0, const uint16_t *q, int dp, float scale,
+                  float *s, int lds)
+{
+    __m512 a[12];
+    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+    for (int j = 0; j < dp; j += 32) {
+        const int m = dp - j >= 32 ? 32 : 16;
+        __m512bh x[12];
+        for (int u = 0; u < KB; u++) x[u] = ld32((const uint16_t *)krows[c0 + u] + j, m);
+        for (int h = 0; h < R; h++) {
+            __m512bh w = ld32(q + (size_t)h * dp + j, m);
+            for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], w, x[u]);
+        }
+    }
+    float t[16];
+    hsum_n(a, R * KB, t);
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * scale;
+}
+
+AI void qkb_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
+                 int lds, const pa__cpu_pf *pf)
+{
+    const int KB = R == 4 ? 3 : R == 3 ? 4 : R == 2 ? 6 : 8;
+    int c = 0, pi = 0;
+    for (; c + KB <= nc; c += KB) {
+        qkb_block(R, KB, krows, c, q, dp, scale, s, lds);
+        if (pf) {
+            int pe = (int)((int64_t)(c + KB) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+    }
+    for (; c < nc; c++) qkb_block(R, 1, krows, c, q, dp, scale, s, lds);
+    if (pf) pf_rows(pf, pi, pf->n);
+}
+
+static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                            float *s, int lds, const pa__cpu_pf *pf)
+{
+    int ng = (nr + 3) / 4;
+    for (int r = 0; r < nr; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 4 ? nr - r : 4) {
+        case 4: qkb_rows(4, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 3: qkb_rows(3, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 2: qkb_rows(2, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qkb_rows(1, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        }
+    }
+}
+
+void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k)
+{
+    k->name = "avx512bf16";
+    k->qk_src_bf16 = a5b_qk_src_bf16;
+}
