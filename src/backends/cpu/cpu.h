@@ -107,6 +107,12 @@ typedef struct pa__cpu_kernels {
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
+    /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
+     * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
+     * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
+     * S[r][c] = scale * dot(Q16[r], K[c]) for c < nc rounded up to 16. d even. */
+    void (*qk_t_bf16)(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
+                      int lds);
     bool pf_spread;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);

@@ -384,6 +384,11 @@ static void run_item(void *arg, int64_t index, int thread)
                         K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else
                         K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
+                } else if (transposed && q16 && K->qk_t_bf16 && ks[k].dtype == PA_DTYPE_BF16 && d % 2 == 0) {
+                    /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
+                    key_rows(&ks[k], false, a, nc, sc->rows);
+                    K->load_rows_t(PA_DTYPE_F32, sc->rows, nc, d / 2, dp / 2, kk);
+                    K->qk_t_bf16(sc->q16 + (size_t)k * nrk * dp, nrk, (const uint32_t *)kk, nc, dp, qsc, sk, CPU_KT);
                 } else if (transposed) {
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows_t(ks[k].dtype, sc->rows, nc, d, dp, kk);

@@ -98,5 +98,6 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->qk_t = NULL;
     k->pv_src = NULL;
     k->qk_src_bf16 = NULL;
+    k->qk_t_bf16 = NULL;
     k->pf_spread = false;
 }

@@ -86,8 +86,58 @@ static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q1
     }
 }
 
+/* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
+
+/* R rows x 16 KB keys from c0: one broadcast of a query pair (2 dims) per row and step */
+AI void qktb_block(int R, int KB, const uint16_t *q, const uint32_t *kt2, int c0, int dp, float scale, float *s,
+                   int lds)
+{
+    __m512 a[12];
+    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+    for (int w = 0; w < dp / 2; w++) {
+        __m512bh k[2];
+        for (int u = 0; u < KB; u++) k[u] = as_bh(_mm512_loadu_si512(kt2 + (size_t)w * CPU_KT + c0 + 16 * u));
+        for (int i = 0; i < R; i++) {
+            uint32_t qw;
+            memcpy(&qw, q + (size_t)i * dp + 2 * w, sizeof qw);
+            __m512bh b = as_bh(_mm512_set1_epi32((int)qw));
+            for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_dpbf16_ps(a[i * KB + u], b, k[u]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < R; i++)
+        for (int u = 0; u < KB; u++)
+            _mm512_storeu_ps(s + (size_t)i * lds + c0 + 16 * u, _mm512_mul_ps(a[i * KB + u], sc));
+}
+
+AI void qktb_rows(int R, const uint16_t *q, const uint32_t *kt2, int n16, int dp, float scale, float *s, int lds)
+{
+    int c0 = 0;
+    for (; c0 + 32 <= n16; c0 += 32) qktb_block(R, 2, q, kt2, c0, dp, scale, s, lds);
+    if (c0 < n16) qktb_block(R, 1, q, kt2, c0, dp, scale, s, lds);
+}
+
+static void a5b_qk_t_bf16(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
+                          int lds)
+{
+    int n16 = (nc + 15) & ~15;
+    for (int r = 0; r < nr; r += 6) {
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 6 ? nr - r : 6) {
+        case 6: qktb_rows(6, qr, kt2, n16, dp, scale, sr, lds); break;
+        case 5: qktb_rows(5, qr, kt2, n16, dp, scale, sr, lds); break;
+        case 4: qktb_rows(4, qr, kt2, n16, dp, scale, sr, lds); break;
+        case 3: qktb_rows(3, qr, kt2, n16, dp, scale, sr, lds); break;
+        case 2: qktb_rows(2, qr, kt2, n16, dp, scale, sr, lds); break;
+        default: qktb_rows(1, qr, kt2, n16, dp, scale, sr, lds); break;
+        }
+    }
+}
+
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k)
 {
     k->name = "avx512bf16";
     k->qk_src_bf16 = a5b_qk_src_bf16;
+    k->qk_t_bf16 = a5b_qk_t_bf16;
 }
