@@ -307,17 +307,17 @@ static void run_item(void *arg, int64_t index, int thread)
         K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
         float qsc = q_scale(cfg);
         for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
-        /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums) */
-        const bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16;
+        key_src ks[CPU_KROWS / 16];
+        for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
+        /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
+         * the item's KV heads share one key source dtype */
+        const bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
         if (q16)
             for (int r = 0; r < nr; r++) {
                 uint16_t *qr = sc->q16 + (size_t)r * dp;
                 memcpy(qr, sc->rows[r], (size_t)d * sizeof(uint16_t));
                 memset(qr + d, 0, (size_t)(dp - d) * sizeof(uint16_t));
             }
-
-        key_src ks[CPU_KROWS / 16];
-        for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
         const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
          * nothing to amortize a converted copy over */
@@ -380,11 +380,11 @@ static void run_item(void *arg, int64_t index, int thread)
                     pa__cpu_pf pfr;
                     const pa__cpu_pf *pf =
                         dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes) : NULL;
-                    if (q16 && ks[k].dtype == PA_DTYPE_BF16)
+                    if (q16)
                         K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else
                         K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
-                } else if (transposed && q16 && K->qk_t_bf16 && ks[k].dtype == PA_DTYPE_BF16 && d % 2 == 0) {
+                } else if (transposed && q16 && K->qk_t_bf16 && d % 2 == 0) {
                     /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows_t(PA_DTYPE_F32, sc->rows, nc, d / 2, dp / 2, kk);
