@@ -3,7 +3,9 @@
 # by compiling src/backends/cpu/x86/cpu_avx512.c and cpu_avx512bf16.c against SIMDe (apt install
 # libsimde-dev), which emulates the intrinsics, and forcing the paths on: once as avx512, once as
 # avx512bf16 (ISAS="avx512" for one). A development check of the kernels' logic, not of the
-# instructions; the grid then compares with the reference as usual.
+# instructions; the grid then compares with the reference as usual. Aligned loads and stores
+# check their address here (the hardware faults on a misaligned one, SIMDe would not): a
+# misaligned one aborts with "alignment check failed".
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
 set -eu
 root=$(pwd)
@@ -29,6 +31,24 @@ static inline __m512i _mm512_cvtepu8_epi32(__m128i x) { uint8_t a[16]; uint32_t 
   for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
 static inline float _mm512_reduce_add_ps(__m512 x) { float f[16]; memcpy(f, &x, 64); float s = 0;
   for (int i = 0; i < 16; i++) s += f[i]; return s; }
+/* aligned accesses check their address as the hardware would (SIMDe only needs 16 bytes here) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+static inline const void *pa_al(const void *p, unsigned a, const char *f) { if ((uintptr_t)p % a) {
+  fprintf(stderr, "alignment check failed: %s at %p\n", f, p); abort(); } return p; }
+#undef _mm512_load_ps
+#define _mm512_load_ps(p) simde_mm512_load_ps(pa_al((p), 64, "_mm512_load_ps"))
+#undef _mm512_store_ps
+#define _mm512_store_ps(p, x) simde_mm512_store_ps((void *)pa_al((p), 64, "_mm512_store_ps"), (x))
+#undef _mm512_load_si512
+#define _mm512_load_si512(p) simde_mm512_load_si512(pa_al((p), 64, "_mm512_load_si512"))
+#undef _mm512_store_si512
+#define _mm512_store_si512(p, x) simde_mm512_store_si512((void *)pa_al((p), 64, "_mm512_store_si512"), (x))
+#undef _mm256_load_ps
+#define _mm256_load_ps(p) simde_mm256_load_ps(pa_al((p), 32, "_mm256_load_ps"))
+#undef _mm256_store_ps
+#define _mm256_store_ps(p, x) simde_mm256_store_ps((void *)pa_al((p), 32, "_mm256_store_ps"), (x))
 H
 S=$root/src
 CF="-std=gnu11 -O2 -w -Wno-psabi -I$root/include -I$S -I$S/backends/cpu -DPAGEDATTN_HAVE_CPU -DPAGEDATTN_HAVE_AVX512 -DPAGEDATTN_BUILDING"
@@ -58,7 +78,10 @@ gcc -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/su
 rc=0
 for isa in ${ISAS:-avx512 avx512bf16}; do
   echo "== isa $isa (SIMDe)"
-  PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" || rc=1
+  PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" 2> "$work/err_$isa" || rc=1
+  if grep -q "alignment check failed" "$work/err_$isa"; then
+    echo "FAIL: misaligned aligned access (a fault on AVX-512 hardware):"; sort -u "$work/err_$isa" | head; rc=1
+  fi
 done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
@@ -68,6 +91,9 @@ if [ $# -eq 0 ]; then
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"
     "$work/$t" > "$work/$t.log" 2>&1 || rc=1
     grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
+    if grep -q "alignment check failed" "$work/$t.log"; then
+      echo "FAIL: misaligned aligned access in $t:"; grep "alignment check failed" "$work/$t.log" | sort -u | head; rc=1
+    fi
   done
 fi
 exit $rc
