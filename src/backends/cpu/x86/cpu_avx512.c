@@ -260,10 +260,14 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     }
 }
 
+/* (the driver's stride CPU_KT and unmasked tiles get their own instance: with ldp and the mask
+ * as variables the key loop of the AVX2 twin reloaded row offsets from the stack, and this one
+ * multiplied by dp from the stack for every key) */
 static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
                   const unsigned char *colmask, float *o)
 {
-    pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, NULL);
+    if (ldp == CPU_KT && !colmask) pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, NULL);
+    else pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, NULL);
 }
 
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
