@@ -7,7 +7,10 @@
 # check their address here (the hardware faults on a misaligned one, SIMDe would not): a
 # misaligned one aborts with "alignment check failed".
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
+#        SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" bench/check_avx512_simde.sh
+#        builds everything under the sanitizers (a read past a row by a 512-bit load fails it).
 set -eu
+SAN=${SAN:-}
 root=$(pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -59,11 +62,11 @@ sed -e 's|    case PA__ISA_AVX512:|    case PA__ISA_AVX512: return true;|' \
 for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/backends/cpu/cpu_pool.c" \
          "$S/backends/cpu/cpu_plan.c" "$S/backends/cpu/cpu_attn.c" "$S/backends/cpu/cpu_kernels_generic.c" \
          "$S/backends/cpu/x86/cpu_detect.c" "$work/cpu_backend_forced.c"; do
-  gcc $CF -c "$f" -o "$work/$(basename "$f" .c).o"
+  gcc $CF $SAN -c "$f" -o "$work/$(basename "$f" .c).o"
 done
-gcc $CF -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o"
-gcc $CF -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o"
-gcc $CF -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o"
+gcc $CF $SAN -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o"
+gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o"
+gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o"
 cat > "$work/main.c" <<'C'
 #include "grid.h"
 #include <stdlib.h>
@@ -73,7 +76,7 @@ int main(int argc, char **argv)
     return grid_run_all(pa_backend_find("cpu"), argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
 }
 C
-gcc -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
+gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
     "$root/tests/support/grid.c" "$work"/*.o -lm -lpthread -o "$work/grid_avx512"
 rc=0
 for isa in ${ISAS:-avx512 avx512bf16}; do
@@ -87,7 +90,7 @@ done
 if [ $# -eq 0 ]; then
   for t in test_cpu_determinism test_cpu_fp8_nan; do
     echo "== $t (SIMDe)"
-    gcc -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
+    gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"
     "$work/$t" > "$work/$t.log" 2>&1 || rc=1
     grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
