@@ -479,7 +479,7 @@ static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const
 /* 6 rows x 16 dims: 12 accumulators (prefill tiles). Instantiated with the probability stride
  * a compile-time constant and with / without a column mask: with ldp and colmask as variables
  * gcc ran out of general registers and reloaded three row offsets from the stack, and tested
- * the mask, for every key (30 instructions per 12 FMAs; 22 now) */
+ * the mask, for every key (32 instructions per 12 FMAs; 24 now, as in qkt_block) */
 static inline __attribute__((always_inline)) void pv6_rows(const float *p, int ldp, int r6, const float *v,
                                                            int nc, int dp, const float *alpha,
                                                            const unsigned char *colmask, float *o)
