@@ -14,6 +14,12 @@ static int usage(FILE *f)
             "      --filter TEXT    only cases whose name contains TEXT\n"
             "      --threads N      worker threads (cpu backend; 0 = all cores)\n"
             "      --list           list the cases and exit\n"
+            "      --random N       instead of the grid: N random cases from a wider space (long\n"
+            "                       decodes, shared blocks, NaN/inf, every shape and feature mix)\n"
+            "      --seed S         the sweep's seed (default 1); a failure prints the seed that\n"
+            "                       replays it alone with --random 1\n"
+            "      --oracle         the sweep also checks the reference against the independent oracle\n"
+            "      --det-threads M  the sweep runs each case again with M threads: bits must match\n"
             "  run [options]        simulate a serving workload (see pagedattn run --help)\n"
             "  bench [options]      measure speed against this machine's limits (pagedattn bench --help)\n");
     return f == stderr ? 2 : 0;

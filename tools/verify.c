@@ -33,11 +33,16 @@ static const grid_device_hooks cuda_hooks = {dev_alloc, dev_free, dev_to_device,
 int pa_tool_verify(int argc, char **argv)
 {
     const char *backends = NULL, *filter = NULL;
-    int threads = 0;
+    int threads = 0, random = 0, oracle = 0, det = 0;
+    unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backends = argv[++i];
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--random") && i + 1 < argc) random = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--oracle")) oracle = 1;
+        else if (!strcmp(argv[i], "--det-threads") && i + 1 < argc) det = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--list")) {
             for (int c = 0; c < grid_count(); c++) printf("%d %s\n", c, grid_case_name(c));
             return 0;
@@ -79,8 +84,14 @@ int pa_tool_verify(int argc, char **argv)
             continue;
 #endif
         }
-        printf("== backend %s vs reference ==\n", name);
-        failures += grid_run_all(b, filter, threads, stdout);
+        if (random > 0) {
+            printf("== backend %s vs reference: %d random cases from seed %#llx%s ==\n", name, random, seed,
+                   oracle ? ", and the reference vs the oracle" : "");
+            failures += grid_random_sweep(b, seed, random, threads, det, oracle, stdout);
+        } else {
+            printf("== backend %s vs reference ==\n", name);
+            failures += grid_run_all(b, filter, threads, stdout);
+        }
         if (device) grid_set_device_hooks(NULL);
     }
     printf("%s\n", failures ? "verify: FAILED" : "verify: all cases passed");

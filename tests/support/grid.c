@@ -46,6 +46,7 @@ typedef struct gcase {
     int explicit_slots; /* explicit slot mapping: every third new token -1 (pre-written) */
     float qscale;       /* query magnitude: sharper or flatter softmax */
     int nonfinite;      /* NaN/inf in cached K and V, new K and V rows and a query (poison_inputs) */
+    uint64_t seed;      /* inputs' seed; 0: drawn from the case's index in the grid */
 } gcase;
 
 static gcase cases[512];
@@ -367,58 +368,86 @@ static void build_decode_cases(void)
 
 static uint64_t rng_next(uint64_t *s);
 
-/* Random combinations: every feature, dtype, layout and geometry drawn independently (seeded),
- * so that features meet each other beyond the hand-picked rows above. */
+/* One random combination: every feature, dtype, layout and geometry drawn independently from
+ * the stream r. `wide` (the sweeps of grid_random_sweep) widens the draw: more head shapes and
+ * head sizes, up to MAX_SEQS sequences, long decodes that split their keys, shared blocks and
+ * non-finite values. The grid's own rows use wide = 0, so they keep their draws. */
+static gcase random_case(uint64_t *rp, bool wide)
+{
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {6, 3},
+                                       {32, 8}, {2, 1}, {1, 1}, {12, 4}, {64, 8}};
+    static const int32_t dims[] = {16, 32, 48, 64, 80, 96, 112, 120, 128, 160, 256, 24, 72,
+                                   1, 7, 8, 40, 200, 512, 136};
+    static const int32_t blocks[] = {1, 3, 8, 16, 32, 64, 7, 13, 2, 128};
+    uint64_t *r = rp;
+#define DRAW(narrow, all) (rng_next(r) % (uint64_t)(wide ? (all) : (narrow)))
+#define COIN(n) (rng_next(r) % (n) == 0)
+    gcase c = base_case();
+    int hi = (int)DRAW(5, 10);
+    c.H = heads[hi][0], c.Hkv = heads[hi][1];
+    c.D = dims[DRAW(13, 20)];
+    c.B = blocks[DRAW(8, 10)];
+    c.layout = (int)(rng_next(r) % 4);
+    c.cache = (pa_dtype)(rng_next(r) % 5);
+    c.qd = (pa_dtype)(rng_next(r) % 3), c.kvd = (pa_dtype)(rng_next(r) % 3), c.outd = (pa_dtype)(rng_next(r) % 3);
+    c.type = COIN(5) ? (pa_attn_type)(1 + rng_next(r) % 3) : PA_ATTN_DECODER;
+    bool cross = c.type == PA_ATTN_ENCODER_DECODER, self_only = c.type == PA_ATTN_ENCODER || c.type == PA_ATTN_ENCODER_ONLY;
+    c.nseq = 1 + (int)DRAW(6, MAX_SEQS);
+    int64_t slots = 0; /* cached tokens the inputs write (ginputs.slots) */
+    for (int k = 0; k < c.nseq; k++) {
+        int32_t ctx = self_only ? 0 : (int32_t)(rng_next(r) % 300);
+        int32_t q = COIN(2) ? 1 + (int32_t)(rng_next(r) % 3) : 1 + (int32_t)(rng_next(r) % 90);
+        int prefill = k < c.nseq / 2 || self_only || cross;
+        if (wide && !self_only && !cross && COIN(4)) /* a long context: split keys, merged partials */
+            ctx = 600 + (int32_t)(rng_next(r) % 5000);
+        int32_t cap = 1000 * c.B - 100; /* ginputs.tables holds 1024 blocks per sequence */
+        if (ctx > cap) ctx = cap;
+        if (slots + ctx + q > 7900) ctx = 0;
+        slots += ctx + q;
+        c.seqs[k] = (gseq){ctx, q, prefill, cross ? (int32_t)(rng_next(r) % 60) : 0};
+    }
+    if (!cross && COIN(3)) {
+        if (COIN(2)) c.sw = 1 + (int32_t)(rng_next(r) % 64);
+        else c.wl = (int32_t)(rng_next(r) % 40) - 1, c.wr = (int32_t)(rng_next(r) % 10) - 1;
+    }
+    if (!cross && COIN(3)) c.alibi = 1;
+    if (COIN(3)) c.softcap = 1.0f + (float)(rng_next(r) % 30);
+    if (COIN(3)) c.sinks = 1;
+    if (c.type == PA_ATTN_DECODER && COIN(5))
+        c.bs = (pa_blocksparse){(int32_t)(4 + rng_next(r) % 29), (int32_t)(rng_next(r) % 3),
+                                (int32_t)(1 + rng_next(r) % 4), (int32_t)COIN(3),
+                                (int32_t)(rng_next(r) % 5) - 2, (int32_t)(rng_next(r) % 2)};
+    if (pa_dtype_size(c.cache) == 1 && COIN(2)) c.kscale = 0.05f * (float)(1 + rng_next(r) % 40), c.vscale = 0.05f * (float)(1 + rng_next(r) % 40);
+    c.fused = !cross && COIN(4);
+    c.lse_mode = (int)(rng_next(r) % 3);
+    c.no_kv = !self_only && COIN(6);
+    c.explicit_slots = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
+    c.qscale = (float)(rng_next(r) % 4) * 2.0f + 0.5f;
+    if (wide) { /* keep a case to about a second of reference and oracle time */
+        for (;;) {
+            double work = 0;
+            int big = 0;
+            for (int k = 0; k < c.nseq; k++) {
+                double w = (double)c.seqs[k].q * (c.seqs[k].ctx + c.seqs[k].q + c.seqs[k].enc) * c.H * c.D;
+                work += w;
+                if (w > (double)c.seqs[big].q * (c.seqs[big].ctx + c.seqs[big].q + c.seqs[big].enc) * c.H * c.D) big = k;
+            }
+            if (work <= 4e7 || c.seqs[big].ctx < 2) break;
+            c.seqs[big].ctx /= 2;
+        }
+        c.share_prefix = c.type == PA_ATTN_DECODER && c.nseq >= 2 && COIN(5);
+        c.nonfinite = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
+    }
+#undef DRAW
+#undef COIN
+    return c;
+}
+
+/* The grid's random rows (fixed seed). */
 static void build_random_cases(void)
 {
-    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {6, 3}};
-    static const int32_t dims[] = {16, 32, 48, 64, 80, 96, 112, 120, 128, 160, 256, 24, 72};
-    static const int32_t blocks[] = {1, 3, 8, 16, 32, 64, 7, 13};
     uint64_t r = 0xC0FFEE;
-#define PICK(arr) arr[rng_next(&r) % (sizeof arr / sizeof arr[0])]
-#define COIN(n) (rng_next(&r) % (n) == 0)
-    for (int i = 0; i < 48; i++) {
-        gcase c = base_case();
-        int hi = (int)(rng_next(&r) % 5);
-        c.H = heads[hi][0], c.Hkv = heads[hi][1];
-        c.D = PICK(dims);
-        c.B = PICK(blocks);
-        c.layout = (int)(rng_next(&r) % 4);
-        c.cache = (pa_dtype)(rng_next(&r) % 5);
-        c.qd = (pa_dtype)(rng_next(&r) % 3), c.kvd = (pa_dtype)(rng_next(&r) % 3), c.outd = (pa_dtype)(rng_next(&r) % 3);
-        c.type = COIN(5) ? (pa_attn_type)(1 + rng_next(&r) % 3) : PA_ATTN_DECODER;
-        bool cross = c.type == PA_ATTN_ENCODER_DECODER, self_only = c.type == PA_ATTN_ENCODER || c.type == PA_ATTN_ENCODER_ONLY;
-        c.nseq = 1 + (int)(rng_next(&r) % 6);
-        int decodes = 0;
-        for (int k = 0; k < c.nseq; k++) {
-            int32_t ctx = self_only ? 0 : (int32_t)(rng_next(&r) % 300);
-            int32_t q = COIN(2) ? 1 + (int32_t)(rng_next(&r) % 3) : 1 + (int32_t)(rng_next(&r) % 90);
-            int prefill = k < c.nseq / 2 || self_only || cross;
-            if (!prefill) decodes++;
-            c.seqs[k] = (gseq){ctx, q, prefill, cross ? (int32_t)(rng_next(&r) % 60) : 0};
-        }
-        (void)decodes;
-        if (!cross && COIN(3)) {
-            if (COIN(2)) c.sw = 1 + (int32_t)(rng_next(&r) % 64);
-            else c.wl = (int32_t)(rng_next(&r) % 40) - 1, c.wr = (int32_t)(rng_next(&r) % 10) - 1;
-        }
-        if (!cross && COIN(3)) c.alibi = 1;
-        if (COIN(3)) c.softcap = 1.0f + (float)(rng_next(&r) % 30);
-        if (COIN(3)) c.sinks = 1;
-        if (c.type == PA_ATTN_DECODER && COIN(5))
-            c.bs = (pa_blocksparse){(int32_t)(4 + rng_next(&r) % 29), (int32_t)(rng_next(&r) % 3),
-                                    (int32_t)(1 + rng_next(&r) % 4), (int32_t)COIN(3),
-                                    (int32_t)(rng_next(&r) % 5) - 2, (int32_t)(rng_next(&r) % 2)};
-        if (pa_dtype_size(c.cache) == 1 && COIN(2)) c.kscale = 0.05f * (float)(1 + rng_next(&r) % 40), c.vscale = 0.05f * (float)(1 + rng_next(&r) % 40);
-        c.fused = !cross && COIN(4);
-        c.lse_mode = (int)(rng_next(&r) % 3);
-        c.no_kv = !self_only && COIN(6);
-        c.explicit_slots = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
-        c.qscale = (float)(rng_next(&r) % 4) * 2.0f + 0.5f;
-        push(c, "random");
-    }
-#undef PICK
-#undef COIN
+    for (int i = 0; i < 48; i++) push(random_case(&r, false), "random");
 }
 
 /* Non-finite values the rows read (see poison_inputs): the NaN or +inf logit rule of the
@@ -814,7 +843,7 @@ static int make_inputs(ginputs *in, const gcase *c, char *why, size_t why_size)
 {
     memset(in, 0, sizeof *in);
     in->c = c;
-    uint64_t rng = 0x1234567ull + (uint64_t)(c - cases) * 7919;
+    uint64_t rng = c->seed ? c->seed : 0x1234567ull + (uint64_t)(c - cases) * 7919;
     pa_status s = make_layer(in, &rng);
     int64_t nb = assign_blocks(in, &rng), voff = 0;
     int64_t elems = set_layout(in, nb, &voff);
@@ -1038,6 +1067,8 @@ static pa_status run_reference(const ginputs *in, goutputs *ref)
     return s;
 }
 
+static int run_case(const pa_backend *backend, const gcase *c, int num_threads, int det_threads, grid_result *res);
+
 int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_result *res)
 {
     build_cases();
@@ -1046,7 +1077,13 @@ int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_re
         snprintf(res->reason, sizeof res->reason, "no case %d or no backend", index);
         return res->failed = 1;
     }
-    const gcase *c = &cases[index];
+    return run_case(backend, &cases[index], num_threads, 0, res);
+}
+
+/* det_threads > 0: the backend runs the case a second time with that many threads, and the two
+ * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism). */
+static int run_case(const pa_backend *backend, const gcase *c, int num_threads, int det_threads, grid_result *res)
+{
     bool device = pa_backend_memory(backend) != PA_MEMORY_HOST;
     if (device && !have_dev_hooks) {
         snprintf(res->reason, sizeof res->reason, "device backend without staging hooks");
@@ -1084,6 +1121,21 @@ int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_re
         compare(&k, &in, &got, wo, wl);
         if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
             fail(&k, "the cache after forward differs from the reference's");
+        if (!k.fail && det_threads > 0) {
+            goutputs again;
+            ctx = NULL;
+            pa_context_options opt2 = {det_threads, 0, NULL};
+            pa_status s2 = make_outputs(&in, &again) ? PA_STATUS_OUT_OF_MEMORY
+                                                     : pa_context_create(backend, &opt2, &ctx);
+            if (!s2) s2 = run_forward(ctx, &in, &again, device);
+            pa_context_destroy(ctx);
+            if (s2)
+                fail(&k, "forward with %d threads failed: %s", det_threads, pa_status_name(s2));
+            else if (memcmp(again.out.p, got.out.p, got.out.bytes) || memcmp(again.lse.p, got.lse.p, got.lse.bytes) ||
+                     memcmp(again.pool.p, got.pool.p, got.pool.bytes))
+                fail(&k, "%d threads and %d threads give different bits", num_threads, det_threads);
+            free_outputs(&again);
+        }
         free(wo);
         free(wl);
     }
@@ -1265,11 +1317,21 @@ static void oracle(const ginputs *in, double *want_out, double *want_lse)
     free(S);
 }
 
+static int check_reference(const gcase *c, grid_result *res);
+
 int grid_check_reference(int index, grid_result *res)
 {
     build_cases();
     memset(res, 0, sizeof *res);
-    const gcase *c = &cases[index];
+    if (index < 0 || index >= ncases) {
+        snprintf(res->reason, sizeof res->reason, "no case %d", index);
+        return res->failed = 1;
+    }
+    return check_reference(&cases[index], res);
+}
+
+static int check_reference(const gcase *c, grid_result *res)
+{
     ginputs in;
     goutputs ref;
     memset(&ref, 0, sizeof ref);
@@ -1291,4 +1353,46 @@ int grid_check_reference(int index, grid_result *res)
     free_outputs(&ref);
     free_inputs(&in);
     return res->failed;
+}
+
+/* ---- random sweeps ----------------------------------------------------------------------- */
+
+int grid_random_sweep(const pa_backend *backend, uint64_t seed, int count, int num_threads, int det_threads,
+                      bool oracle_too, FILE *out)
+{
+    build_cases();
+    int failures = 0, passed = 0, skipped = 0, worst = -1;
+    double worst_err = 0;
+    uint64_t r = seed;
+    for (int i = 0; i < count; i++) {
+        uint64_t at = r; /* replaying from here (seed at, count 1) draws this case again */
+        gcase c = random_case(&r, true);
+        c.seed = rng_next(&r) | 1;
+        name_case(&c, "sweep");
+        grid_result a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        if (backend) run_case(backend, &c, num_threads, det_threads, &a);
+        if (oracle_too) check_reference(&c, &b);
+        bool fail = a.failed || b.failed;
+        if (a.max_abs_err > worst_err) worst_err = a.max_abs_err, worst = i;
+        failures += fail;
+        skipped += !fail && a.skipped;
+        passed += !fail && !a.skipped;
+        if (out && (fail || a.skipped)) {
+            fprintf(out, "%-6d %-6s %10.3g %10.3g %10.3g  %s (replay: --seed %#llx --random 1)\n", i,
+                    fail ? "FAIL" : "skip", a.max_abs_err, a.max_rel_err, a.max_lse_err, c.name, (unsigned long long)at);
+            if (a.failed || a.skipped) fprintf(out, "       -> %s\n", a.reason);
+            if (b.failed) fprintf(out, "       -> reference vs oracle: %s\n", b.reason);
+        }
+        if (out && (i + 1) % 100 == 0) {
+            fprintf(out, "... %d cases: %d passed, %d failed, %d skipped\n", i + 1, passed, failures, skipped);
+            fflush(out);
+        }
+    }
+    if (out)
+        fprintf(out, "%s sweep from seed %#llx: %d passed, %d failed, %d skipped; largest error %.3g (case %d)\n",
+                backend ? pa_backend_name(backend) : "oracle", (unsigned long long)seed, passed, failures, skipped,
+                worst_err, worst);
+    return failures;
 }

@@ -8,6 +8,8 @@
 
 #include "pagedattn.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 typedef struct grid_result {
@@ -46,5 +48,14 @@ void grid_set_device_hooks(const grid_device_hooks *hooks);
  * (gather each sequence's keys into contiguous arrays, build the visibility mask explicitly,
  * softmax in long double) and compares. Returns 0 if they agree. */
 int grid_check_reference(int index, grid_result *res);
+
+/* A random sweep: `count` cases drawn from `seed` over a wider space than the grid's own random
+ * rows (more shapes, long decodes, shared blocks, non-finite values); each runs on `backend`
+ * against the reference (backend NULL: skipped) and, with `oracle_too`, the reference against
+ * the oracle. det_threads > 0: each case runs on `backend` a second time with that many threads
+ * and both runs' bits must match. Prints failures, skips and a running count to `out`; returns the failures. A
+ * failing case is printed with the seed that replays it alone (count 1). */
+int grid_random_sweep(const pa_backend *backend, uint64_t seed, int count, int num_threads, int det_threads,
+                      bool oracle_too, FILE *out);
 
 #endif
