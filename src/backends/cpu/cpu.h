@@ -27,6 +27,13 @@
 #define CPU_KT 64   /* keys per tile (at most) */
 #define CPU_KROWS 256 /* rows of the K and V tile scratch: keys per tile x KV heads per item */
 #define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
+/* The prefill QK kernels (qk_t, qk_t_bf16) keep one fp32 accumulator per (row, key) over a whole
+ * head; they sum the head in chunks of this many dims, each from zero, and add each chunk to the
+ * running total in order. The rounding error of a sequential fp32 sum grows with its length: one
+ * chain over 512 dims erred 5x more than the reference's tolerance allowed on sharp rows (a random
+ * sweep found it), chunks of 64 bring it to the decode kernels' level (8 lanes of head_size / 8).
+ * Heads of at most 64 dims are summed exactly as before. */
+#define CPU_QK_CHUNK 64
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 

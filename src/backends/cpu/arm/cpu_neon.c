@@ -197,35 +197,42 @@ static void n_load_rows_t(pa_dtype dtype, const void *const *rows, int n, int d,
 }
 
 /* R rows (1 or 4) x 16 keys as outer products: 4R accumulators; q read 4 dimensions at a time
- * and used lane by lane. */
+ * and used lane by lane; the head in chunks of CPU_QK_CHUNK dims, each added to the total in S
+ * (cpu.h). */
 PA__INLINE void qkt_block(int R, const float *q, const float *kt, int c0, int dp, float *s, int lds)
 {
-    float32x4_t a[4][4];
-    for (int i = 0; i < R; i++)
-        for (int u = 0; u < 4; u++) a[i][u] = vdupq_n_f32(0.0f);
-    for (int j = 0; j < dp; j += 4) {
-        float32x4_t y[4];
-        for (int i = 0; i < R; i++) y[i] = vld1q_f32(q + (size_t)i * dp + j);
+    for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
+        const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
+        float32x4_t a[4][4];
+        for (int i = 0; i < R; i++)
+            for (int u = 0; u < 4; u++) a[i][u] = vdupq_n_f32(0.0f);
+        for (int j = j0; j < j1; j += 4) {
+            float32x4_t y[4];
+            for (int i = 0; i < R; i++) y[i] = vld1q_f32(q + (size_t)i * dp + j);
 #define PA__QKT_STEP(t)                                                                            \
-    do {                                                                                           \
-        const float *kj = kt + (size_t)(j + (t)) * CPU_KT + c0;                                    \
-        float32x4_t k0 = vld1q_f32(kj), k1 = vld1q_f32(kj + 4);                                    \
-        float32x4_t k2 = vld1q_f32(kj + 8), k3 = vld1q_f32(kj + 12);                               \
-        for (int i = 0; i < R; i++) {                                                              \
-            a[i][0] = vfmaq_laneq_f32(a[i][0], k0, y[i], t);                                       \
-            a[i][1] = vfmaq_laneq_f32(a[i][1], k1, y[i], t);                                       \
-            a[i][2] = vfmaq_laneq_f32(a[i][2], k2, y[i], t);                                       \
-            a[i][3] = vfmaq_laneq_f32(a[i][3], k3, y[i], t);                                       \
-        }                                                                                          \
-    } while (0)
-        PA__QKT_STEP(0);
-        PA__QKT_STEP(1);
-        PA__QKT_STEP(2);
-        PA__QKT_STEP(3);
+        do {                                                                                       \
+            const float *kj = kt + (size_t)(j + (t)) * CPU_KT + c0;                                \
+            float32x4_t k0 = vld1q_f32(kj), k1 = vld1q_f32(kj + 4);                                \
+            float32x4_t k2 = vld1q_f32(kj + 8), k3 = vld1q_f32(kj + 12);                           \
+            for (int i = 0; i < R; i++) {                                                          \
+                a[i][0] = vfmaq_laneq_f32(a[i][0], k0, y[i], t);                                   \
+                a[i][1] = vfmaq_laneq_f32(a[i][1], k1, y[i], t);                                   \
+                a[i][2] = vfmaq_laneq_f32(a[i][2], k2, y[i], t);                                   \
+                a[i][3] = vfmaq_laneq_f32(a[i][3], k3, y[i], t);                                   \
+            }                                                                                      \
+        } while (0)
+            PA__QKT_STEP(0);
+            PA__QKT_STEP(1);
+            PA__QKT_STEP(2);
+            PA__QKT_STEP(3);
 #undef PA__QKT_STEP
+        }
+        for (int i = 0; i < R; i++)
+            for (int u = 0; u < 4; u++) {
+                float *si = s + (size_t)i * lds + c0 + 4 * u;
+                vst1q_f32(si, j0 ? vaddq_f32(vld1q_f32(si), a[i][u]) : a[i][u]);
+            }
     }
-    for (int i = 0; i < R; i++)
-        for (int u = 0; u < 4; u++) vst1q_f32(s + (size_t)i * lds + c0 + 4 * u, a[i][u]);
 }
 
 static void n_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)

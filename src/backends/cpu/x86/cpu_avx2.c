@@ -245,24 +245,33 @@ static inline void transpose8(__m256 *r)
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-/* R rows x 16 keys: 2R accumulators; one broadcast of q per row and dimension. */
+/* R rows x 16 keys: 2R accumulators; one broadcast of q per row and dimension; the head in
+ * chunks of CPU_QK_CHUNK dims, each added to the total in S (cpu.h). */
 static inline __attribute__((always_inline)) void qkt_block(int R, const float *q, const float *kt,
                                                             int c0, int dp, float *s, int lds)
 {
-    __m256 a[6][2];
-    for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
-    for (int j = 0; j < dp; j++) {
-        __m256 k0 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0);
-        __m256 k1 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0 + 8);
-        for (int i = 0; i < R; i++) {
-            __m256 b = _mm256_broadcast_ss(q + (size_t)i * dp + j);
-            a[i][0] = _mm256_fmadd_ps(b, k0, a[i][0]);
-            a[i][1] = _mm256_fmadd_ps(b, k1, a[i][1]);
+    for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
+        const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
+        __m256 a[6][2];
+        for (int i = 0; i < R; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+        for (int j = j0; j < j1; j++) {
+            __m256 k0 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0);
+            __m256 k1 = _mm256_load_ps(kt + (size_t)j * CPU_KT + c0 + 8);
+            for (int i = 0; i < R; i++) {
+                __m256 b = _mm256_broadcast_ss(q + (size_t)i * dp + j);
+                a[i][0] = _mm256_fmadd_ps(b, k0, a[i][0]);
+                a[i][1] = _mm256_fmadd_ps(b, k1, a[i][1]);
+            }
         }
-    }
-    for (int i = 0; i < R; i++) {
-        _mm256_storeu_ps(s + (size_t)i * lds + c0, a[i][0]);
-        _mm256_storeu_ps(s + (size_t)i * lds + c0 + 8, a[i][1]);
+        for (int i = 0; i < R; i++) {
+            float *si = s + (size_t)i * lds + c0;
+            if (j0) {
+                a[i][0] = _mm256_add_ps(_mm256_loadu_ps(si), a[i][0]);
+                a[i][1] = _mm256_add_ps(_mm256_loadu_ps(si + 8), a[i][1]);
+            }
+            _mm256_storeu_ps(si, a[i][0]);
+            _mm256_storeu_ps(si + 8, a[i][1]);
+        }
     }
 }
 

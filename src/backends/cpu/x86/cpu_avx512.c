@@ -272,21 +272,28 @@ static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
 
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
 
-/* R rows x 16 KB keys from c0: R x KB accumulators, one broadcast of q per row and dimension. */
+/* R rows x 16 KB keys from c0: R x KB accumulators, one broadcast of q per row and dimension;
+ * the head in chunks of CPU_QK_CHUNK dims, each added to the total in S (cpu.h). */
 AI void qktz_block(int R, int KB, const float *q, const float *kt, int c0, int dp, float *s, int lds)
 {
-    __m512 a[12];
-    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
-    for (int j = 0; j < dp; j++) {
-        __m512 k[2];
-        for (int u = 0; u < KB; u++) k[u] = _mm512_load_ps(kt + (size_t)j * CPU_KT + c0 + 16 * u);
-        for (int i = 0; i < R; i++) {
-            __m512 b = _mm512_set1_ps(q[(size_t)i * dp + j]);
-            for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_fmadd_ps(b, k[u], a[i * KB + u]);
+    for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
+        const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
+        __m512 a[12];
+        for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+        for (int j = j0; j < j1; j++) {
+            __m512 k[2];
+            for (int u = 0; u < KB; u++) k[u] = _mm512_load_ps(kt + (size_t)j * CPU_KT + c0 + 16 * u);
+            for (int i = 0; i < R; i++) {
+                __m512 b = _mm512_set1_ps(q[(size_t)i * dp + j]);
+                for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_fmadd_ps(b, k[u], a[i * KB + u]);
+            }
         }
+        for (int i = 0; i < R; i++)
+            for (int u = 0; u < KB; u++) {
+                float *si = s + (size_t)i * lds + c0 + 16 * u;
+                _mm512_storeu_ps(si, j0 ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u]);
+            }
     }
-    for (int i = 0; i < R; i++)
-        for (int u = 0; u < KB; u++) _mm512_storeu_ps(s + (size_t)i * lds + c0 + 16 * u, a[i * KB + u]);
 }
 
 AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float *s, int lds)

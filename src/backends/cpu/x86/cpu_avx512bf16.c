@@ -88,26 +88,35 @@ static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q1
 
 /* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
 
-/* R rows x 16 KB keys from c0: one broadcast of a query pair (2 dims) per row and step */
+/* R rows x 16 KB keys from c0: one broadcast of a query pair (2 dims) per row and step; the head
+ * in chunks of CPU_QK_CHUNK dims, each added to the (unscaled) total in S, which the last chunk
+ * scales (cpu.h). */
 AI void qktb_block(int R, int KB, const uint16_t *q, const uint32_t *kt2, int c0, int dp, float scale, float *s,
                    int lds)
 {
-    __m512 a[12];
-    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
-    for (int w = 0; w < dp / 2; w++) {
-        __m512bh k[2];
-        for (int u = 0; u < KB; u++) k[u] = as_bh(_mm512_loadu_si512(kt2 + (size_t)w * CPU_KT + c0 + 16 * u));
-        for (int i = 0; i < R; i++) {
-            uint32_t qw;
-            memcpy(&qw, q + (size_t)i * dp + 2 * w, sizeof qw);
-            __m512bh b = as_bh(_mm512_set1_epi32((int)qw));
-            for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_dpbf16_ps(a[i * KB + u], b, k[u]);
-        }
-    }
+    const int nw = dp / 2, cw = CPU_QK_CHUNK / 2;
     const __m512 sc = _mm512_set1_ps(scale);
-    for (int i = 0; i < R; i++)
-        for (int u = 0; u < KB; u++)
-            _mm512_storeu_ps(s + (size_t)i * lds + c0 + 16 * u, _mm512_mul_ps(a[i * KB + u], sc));
+    for (int w0 = 0; w0 < nw; w0 += cw) {
+        const int w1 = nw - w0 > cw ? w0 + cw : nw;
+        __m512 a[12];
+        for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+        for (int w = w0; w < w1; w++) {
+            __m512bh k[2];
+            for (int u = 0; u < KB; u++) k[u] = as_bh(_mm512_loadu_si512(kt2 + (size_t)w * CPU_KT + c0 + 16 * u));
+            for (int i = 0; i < R; i++) {
+                uint32_t qw;
+                memcpy(&qw, q + (size_t)i * dp + 2 * w, sizeof qw);
+                __m512bh b = as_bh(_mm512_set1_epi32((int)qw));
+                for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_dpbf16_ps(a[i * KB + u], b, k[u]);
+            }
+        }
+        for (int i = 0; i < R; i++)
+            for (int u = 0; u < KB; u++) {
+                float *si = s + (size_t)i * lds + c0 + 16 * u;
+                __m512 t = w0 ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u];
+                _mm512_storeu_ps(si, w1 == nw ? _mm512_mul_ps(t, sc) : t);
+            }
+    }
 }
 
 AI void qktb_rows(int R, const uint16_t *q, const uint32_t *kt2, int n16, int dp, float scale, float *s, int lds)
