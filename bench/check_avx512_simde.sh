@@ -6,6 +6,8 @@
 # instructions; the grid then compares with the reference as usual. Aligned loads and stores
 # check their address here (the hardware faults on a misaligned one, SIMDe would not): a
 # misaligned one aborts with "alignment check failed".
+# Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan and a short random sweep per
+# path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE, 30 cases).
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
 #        SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" bench/check_avx512_simde.sh
 #        builds everything under the sanitizers (a read past a row by a 512-bit load fails it).
@@ -96,6 +98,19 @@ if [ $# -eq 0 ]; then
     grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
     if grep -q "alignment check failed" "$work/$t.log"; then
       echo "FAIL: misaligned aligned access in $t:"; grep "alignment check failed" "$work/$t.log" | sort -u | head; rc=1
+    fi
+  done
+  # random sweeps (tests/test_cpu_sweep.c), a short one per path: long decodes, 512-dim heads,
+  # NaN/inf, two threads against one bit for bit, the reference against the oracle
+  gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" \
+      "$root/tests/test_cpu_sweep.c" "$root/tests/support/grid.c" "$work"/[!m]*.o -lm -lpthread -o "$work/sweep"
+  for isa in ${ISAS:-avx512 avx512bf16}; do
+    echo "== test_cpu_sweep, isa $isa (SIMDe)"
+    PAGEDATTN_CPU_ISA=$isa PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" "$work/sweep" \
+        > "$work/sweep_$isa.log" 2>&1 || rc=1
+    grep -E "sweep from|FAIL|->" "$work/sweep_$isa.log" | tail -12
+    if grep -q "alignment check failed" "$work/sweep_$isa.log"; then
+      echo "FAIL: misaligned aligned access in the sweep:"; grep "alignment check failed" "$work/sweep_$isa.log" | sort -u | head; rc=1
     fi
   done
 fi
