@@ -372,14 +372,19 @@ static uint64_t rng_next(uint64_t *s);
  * the stream r. `wide` (the sweeps of grid_random_sweep) widens the draw: more head shapes and
  * head sizes, up to MAX_SEQS sequences, long decodes that split their keys, shared blocks and
  * non-finite values. The grid's own rows use wide = 0, so they keep their draws. */
-static gcase random_case(uint64_t *rp, bool wide)
+static double seq_work(const gcase *c, int k) /* ~ the reference's multiply-adds for sequence k */
+{
+    const gseq *q = &c->seqs[k];
+    return (double)q->q * (q->ctx + q->q + q->enc) * c->H * c->D;
+}
+
+static gcase random_case(uint64_t *r, bool wide)
 {
     static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {6, 3},
                                        {32, 8}, {2, 1}, {1, 1}, {12, 4}, {64, 8}};
     static const int32_t dims[] = {16, 32, 48, 64, 80, 96, 112, 120, 128, 160, 256, 24, 72,
                                    1, 7, 8, 40, 200, 512, 136};
     static const int32_t blocks[] = {1, 3, 8, 16, 32, 64, 7, 13, 2, 128};
-    uint64_t *r = rp;
 #define DRAW(narrow, all) (rng_next(r) % (uint64_t)(wide ? (all) : (narrow)))
 #define COIN(n) (rng_next(r) % (n) == 0)
     gcase c = base_case();
@@ -424,13 +429,12 @@ static gcase random_case(uint64_t *rp, bool wide)
     c.explicit_slots = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
     c.qscale = (float)(rng_next(r) % 4) * 2.0f + 0.5f;
     if (wide) { /* keep a case to about a second of reference and oracle time */
-        for (;;) {
+        for (;;) { /* halve the context of the costliest sequence */
             double work = 0;
             int big = 0;
             for (int k = 0; k < c.nseq; k++) {
-                double w = (double)c.seqs[k].q * (c.seqs[k].ctx + c.seqs[k].q + c.seqs[k].enc) * c.H * c.D;
-                work += w;
-                if (w > (double)c.seqs[big].q * (c.seqs[big].ctx + c.seqs[big].q + c.seqs[big].enc) * c.H * c.D) big = k;
+                work += seq_work(&c, k);
+                if (seq_work(&c, k) > seq_work(&c, big)) big = k;
             }
             if (work <= 4e7 || c.seqs[big].ctx < 2) break;
             c.seqs[big].ctx /= 2;
