@@ -447,6 +447,15 @@ static gcase random_case(uint64_t *r, bool wide)
     return c;
 }
 
+/* One case of a random sweep (grid_random_sweep) and the seed of its inputs, both from r: a grid
+ * row replays a sweep's case from the stream state the sweep printed. */
+static gcase sweep_case(uint64_t *r)
+{
+    gcase c = random_case(r, true);
+    c.seed = rng_next(r) | 1;
+    return c;
+}
+
 /* The grid's random rows (fixed seed). */
 static void build_random_cases(void)
 {
@@ -512,9 +521,7 @@ static void build_cases(void)
      * case on which the prefill QK kernels' one fp32 chain per score erred 1.8e-4 (tolerance
      * 1.6e-4; cpu.h, CPU_QK_CHUNK); replayed from its sweep seed */
     uint64_t r = 0xef673bea9efe4df2ull;
-    c = random_case(&r, true);
-    c.seed = rng_next(&r) | 1;
-    push(c, "long-head");
+    push(sweep_case(&r), "long-head");
 }
 
 int grid_count(void)
@@ -1377,8 +1384,7 @@ int grid_random_sweep(const pa_backend *backend, uint64_t seed, int count, int n
     uint64_t r = seed;
     for (int i = 0; i < count; i++) {
         uint64_t at = r; /* replaying from here (seed at, count 1) draws this case again */
-        gcase c = random_case(&r, true);
-        c.seed = rng_next(&r) | 1;
+        gcase c = sweep_case(&r);
         name_case(&c, "sweep");
         grid_result a, b;
         memset(&a, 0, sizeof a);
