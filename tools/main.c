@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int usage(FILE *f)
+int pa_tool_usage(FILE *f)
 {
     fprintf(f,
             "usage: pagedattn <command> [options]\n"
@@ -27,13 +27,13 @@ static int usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) return usage(stderr);
+    if (argc < 2) return pa_tool_usage(stderr);
     const char *cmd = argv[1];
     if (!strcmp(cmd, "info")) return pa_tool_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "verify")) return pa_tool_verify(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return pa_tool_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return pa_tool_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) return usage(stdout);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) return pa_tool_usage(stdout);
     fprintf(stderr, "pagedattn: unknown command \"%s\"\n", cmd);
-    return usage(stderr);
+    return pa_tool_usage(stderr);
 }

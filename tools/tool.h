@@ -3,6 +3,10 @@
 #ifndef PAGEDATTN_TOOL_H
 #define PAGEDATTN_TOOL_H
 
+#include <stdio.h>
+
+/* the tool's usage (every command; verify's options in full) on f: 0 for stdout, 2 otherwise */
+int pa_tool_usage(FILE *f);
 int pa_tool_info(int argc, char **argv);
 int pa_tool_verify(int argc, char **argv);
 int pa_tool_run(int argc, char **argv);

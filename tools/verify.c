@@ -43,11 +43,20 @@ int pa_tool_verify(int argc, char **argv)
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--oracle")) oracle = 1;
         else if (!strcmp(argv[i], "--det-threads") && i + 1 < argc) det = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return pa_tool_usage(stdout);
         else if (!strcmp(argv[i], "--list")) {
             for (int c = 0; c < grid_count(); c++) printf("%d %s\n", c, grid_case_name(c));
             return 0;
         } else {
             fprintf(stderr, "pagedattn verify: unknown option %s\n", argv[i]);
+            return pa_tool_usage(stderr);
+        }
+    }
+    if (filter && !random) { /* a filter that names no case would otherwise read as a pass */
+        int n = 0;
+        for (int c = 0; c < grid_count(); c++) n += strstr(grid_case_name(c), filter) != NULL;
+        if (!n) {
+            fprintf(stderr, "pagedattn verify: no grid case matches --filter \"%s\" (see --list)\n", filter);
             return 2;
         }
     }
@@ -62,7 +71,7 @@ int pa_tool_verify(int argc, char **argv)
         }
         if (!*list) snprintf(list, sizeof list, "reference");
     }
-    int failures = 0;
+    int failures = 0, checked = 0;
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         const pa_backend *b = pa_backend_find(name);
         char why[256];
@@ -84,6 +93,7 @@ int pa_tool_verify(int argc, char **argv)
             continue;
 #endif
         }
+        checked++;
         if (random > 0) {
             printf("== backend %s vs reference: %d random cases from seed %#llx%s ==\n", name, random, seed,
                    oracle ? ", and the reference vs the oracle" : "");
@@ -94,6 +104,8 @@ int pa_tool_verify(int argc, char **argv)
         }
         if (device) grid_set_device_hooks(NULL);
     }
-    printf("%s\n", failures ? "verify: FAILED" : "verify: all cases passed");
+    printf("%s\n", failures  ? "verify: FAILED"
+                   : checked ? "verify: all cases passed"
+                             : "verify: nothing checked (every backend named was skipped)");
     return failures ? 1 : 0;
 }
