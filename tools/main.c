@@ -19,7 +19,8 @@ int pa_tool_usage(FILE *f)
             "      --seed S         the sweep's seed (default 1); a failure prints the seed that\n"
             "                       replays it alone with --random 1\n"
             "      --oracle         the sweep also checks the reference against the independent oracle\n"
-            "      --det-threads M  the sweep runs each case again with M threads: bits must match\n"
+            "      --det-threads M  the sweep runs each case again with M threads, and each of its\n"
+            "                       sequences alone: bits must match\n"
             "  run [options]        simulate a serving workload (see pagedattn run --help)\n"
             "  bench [options]      measure speed against this machine's limits (pagedattn bench --help)\n");
     return f == stderr ? 2 : 0;

@@ -629,6 +629,7 @@ typedef struct ginputs {
     int64_t kv_rows;      /* rows of k and v */
     size_t q_off, k_off, v_off; /* byte offsets in their buffers */
     int64_t ntok;
+    int64_t nblocks;      /* blocks in each pool */
 } ginputs;
 
 static int32_t blocks_for(int64_t n, int32_t b) { return (int32_t)((n + b - 1) / b); }
@@ -752,30 +753,41 @@ static pa_status fill_cache(ginputs *in, uint64_t *rng)
     return write_random_tokens(in, in->slots, n, rng);
 }
 
-static pa_status make_batch(ginputs *in, int64_t nb)
+/* The batch of sequences [s0, s1) of the case (all of them: the case's own batch; one: that
+ * sequence alone, as the batch-composition check runs it). */
+static pa_status batch_of(const ginputs *in, int s0, int s1, pa_batch **out)
 {
     const gcase *c = in->c;
     pa_seq seqs[MAX_SEQS];
     memset(seqs, 0, sizeof seqs);
-    for (int s = 0; s < c->nseq; s++) {
-        seqs[s].context_len = c->seqs[s].ctx;
-        seqs[s].query_len = c->seqs[s].q;
-        seqs[s].is_prefill = c->seqs[s].prefill;
-        seqs[s].block_table = in->ntable[s] ? in->tables[s] : NULL;
-        seqs[s].num_blocks = in->ntable[s];
-        seqs[s].encoder_len = c->seqs[s].enc;
-        seqs[s].cross_block_table = in->nxtable[s] ? in->xtables[s] : NULL;
-        seqs[s].num_cross_blocks = in->nxtable[s];
+    int64_t tok0 = 0;
+    for (int s = 0; s < s0; s++) tok0 += c->seqs[s].q;
+    for (int s = s0; s < s1; s++) {
+        pa_seq *q = &seqs[s - s0];
+        q->context_len = c->seqs[s].ctx;
+        q->query_len = c->seqs[s].q;
+        q->is_prefill = c->seqs[s].prefill;
+        q->block_table = in->ntable[s] ? in->tables[s] : NULL;
+        q->num_blocks = in->ntable[s];
+        q->encoder_len = c->seqs[s].enc;
+        q->cross_block_table = in->nxtable[s] ? in->xtables[s] : NULL;
+        q->num_cross_blocks = in->nxtable[s];
     }
-    pa_batch_config bc = {c->B, nb, nb, NULL, NULL};
+    pa_batch_config bc = {c->B, in->nblocks, in->nblocks, c->explicit_slots ? in->slots + tok0 : NULL, NULL};
+    return pa_batch_create(&bc, seqs, s1 - s0, out);
+}
+
+static pa_status make_batch(ginputs *in, int64_t nb)
+{
+    const gcase *c = in->c;
+    in->nblocks = nb;
     if (c->explicit_slots) {
         int64_t k = 0;
         for (int s = 0; s < c->nseq; s++)
             for (int32_t t = 0; t < c->seqs[s].q; t++, k++)
                 in->slots[k] = t % 3 == 1 ? -1 : slot_of(in, s, c->seqs[s].ctx + t, false);
-        bc.slot_mapping = in->slots;
     }
-    pa_status st = pa_batch_create(&bc, seqs, c->nseq, &in->batch);
+    pa_status st = batch_of(in, 0, c->nseq, &in->batch);
     if (!st) in->md = pa_batch_get_metadata(in->batch);
     return st;
 }
@@ -922,7 +934,10 @@ void grid_set_device_hooks(const grid_device_hooks *h)
 
 /* Forward with every buffer where the backend wants it (staged through device memory for a
  * device backend). */
-static pa_status run_forward(pa_context *ctx, const ginputs *in, goutputs *o, bool device)
+/* One forward of batch (the case's own, or a part of it whose first sequence starts at token
+ * tok0 and encoder token enc0 of the case's rows: its rows are read and written in place). */
+static pa_status run_forward_of(pa_context *ctx, const ginputs *in, goutputs *o, bool device, const pa_batch *batch,
+                                int64_t tok0, int64_t enc0)
 {
     const gcase *c = in->c;
     pa_cache cache = in->cache;
@@ -942,26 +957,28 @@ static pa_status run_forward(pa_context *ctx, const ginputs *in, goutputs *o, bo
     cache.key = ptr[0];
     cache.value = (char *)ptr[0] + in->value_off;
     cache.memory = device ? PA_MEMORY_CUDA : PA_MEMORY_HOST;
-    a.q = (char *)ptr[1] + in->q_off;
+    const int64_t kv0 = c->type == PA_ATTN_ENCODER_DECODER ? enc0 : tok0;
+    const size_t qs = pa_dtype_size(c->qd), ks = pa_dtype_size(c->kvd);
+    a.q = (char *)ptr[1] + in->q_off + (size_t)(tok0 * in->q_rs) * qs;
     a.q_row_stride = in->q_rs;
     bool pass_kv = !c->no_kv;
     if (pass_kv) {
-        a.k = ptr[2] ? ptr[2] : (char *)ptr[1] + in->k_off;
-        a.v = ptr[3] ? ptr[3] : (char *)ptr[1] + in->v_off;
+        a.k = (ptr[2] ? (char *)ptr[2] : (char *)ptr[1] + in->k_off) + (size_t)(kv0 * in->k_rs) * ks;
+        a.v = (ptr[3] ? (char *)ptr[3] : (char *)ptr[1] + in->v_off) + (size_t)(kv0 * in->v_rs) * ks;
         a.k_row_stride = in->k_rs;
         a.v_row_stride = in->v_rs;
     }
     a.cache = (c->type == PA_ATTN_DECODER || c->type == PA_ATTN_ENCODER_DECODER) ? &cache : NULL;
-    a.out = ptr[4];
+    a.out = (char *)ptr[4] + (size_t)(tok0 * in->out_rs) * pa_dtype_size(c->outd);
     a.out_row_stride = in->out_rs;
     if (c->lse_mode != LSE_NONE) {
-        a.lse = ptr[5];
+        a.lse = (float *)ptr[5] + tok0 * o->lse_ts;
         a.lse_token_stride = o->lse_ts;
         a.lse_head_stride = o->lse_hs;
     }
     pa_plan *plan = NULL;
-    pa_status s = pa_plan_create(ctx, in->layer, in->batch, &plan);
-    if (!s) s = pa_attn_forward(ctx, in->layer, in->batch, plan, &a);
+    pa_status s = pa_plan_create(ctx, in->layer, batch, &plan);
+    if (!s) s = pa_attn_forward(ctx, in->layer, batch, plan, &a);
     if (!s) s = pa_context_synchronize(ctx);
     pa_plan_destroy(plan);
     for (int i = 0; i < 6; i++)
@@ -970,6 +987,29 @@ static pa_status run_forward(pa_context *ctx, const ginputs *in, goutputs *o, bo
                 s = PA_STATUS_DEVICE_ERROR;
             dev_hooks.free(dev[i]);
         }
+    return s;
+}
+
+static pa_status run_forward(pa_context *ctx, const ginputs *in, goutputs *o, bool device)
+{
+    return run_forward_of(ctx, in, o, device, in->batch, 0, 0);
+}
+
+/* Every sequence of the case alone, one forward each, into o: a sequence's bits may not depend
+ * on the batch around it (DESIGN.md, determinism). */
+static pa_status run_alone(pa_context *ctx, const ginputs *in, goutputs *o, bool device)
+{
+    const gcase *c = in->c;
+    int64_t tok0 = 0, enc0 = 0;
+    pa_status s = PA_STATUS_OK;
+    for (int q = 0; q < c->nseq && !s; q++) {
+        pa_batch *one = NULL;
+        s = batch_of(in, q, q + 1, &one);
+        if (!s) s = run_forward_of(ctx, in, o, device, one, tok0, enc0);
+        pa_batch_destroy(one);
+        tok0 += c->seqs[q].q;
+        enc0 += c->seqs[q].enc;
+    }
     return s;
 }
 
@@ -1099,7 +1139,8 @@ int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_re
 }
 
 /* det_threads > 0: the backend runs the case a second time with that many threads, and the two
- * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism). */
+ * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism); then, for a case
+ * of several sequences, once more with each sequence in a batch of its own: the same bits again. */
 static int run_case(const pa_backend *backend, const gcase *c, int num_threads, int det_threads, grid_result *res)
 {
     bool device = pa_backend_memory(backend) != PA_MEMORY_HOST;
@@ -1153,6 +1194,21 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
                      memcmp(again.pool.p, got.pool.p, got.pool.bytes))
                 fail(&k, "%d threads and %d threads give different bits", num_threads, det_threads);
             free_outputs(&again);
+        }
+        if (!k.fail && det_threads > 0 && c->nseq > 1) {
+            goutputs alone;
+            ctx = NULL;
+            pa_context_options opt2 = {det_threads, 0, NULL};
+            pa_status s2 = make_outputs(&in, &alone) ? PA_STATUS_OUT_OF_MEMORY
+                                                     : pa_context_create(backend, &opt2, &ctx);
+            if (!s2) s2 = run_alone(ctx, &in, &alone, device);
+            pa_context_destroy(ctx);
+            if (s2)
+                fail(&k, "forward of each sequence alone failed: %s: %s", pa_status_name(s2), pa_last_error());
+            else if (memcmp(alone.out.p, got.out.p, got.out.bytes) || memcmp(alone.lse.p, got.lse.p, got.lse.bytes) ||
+                     memcmp(alone.pool.p, got.pool.p, got.pool.bytes))
+                fail(&k, "each sequence alone (%d threads) gives other bits than the whole batch", det_threads);
+            free_outputs(&alone);
         }
         free(wo);
         free(wl);
