@@ -2,8 +2,9 @@
  * here: cases from a wider space than the grid (long decodes that split keys, 512-dim heads, up to
  * eight sequences, shared blocks, NaN/inf), each against the reference, the reference against the
  * independent oracle, a second run with one thread that must match the two-thread run bit for
- * bit, and a third with each sequence in a batch of its own, bit for bit again. PAGEDATTN_SWEEP="SEED COUNT" runs another sweep (the tool's `verify --random` does the
- * same with more options). */
+ * bit, and a third with each sequence in a batch of its own, bit for bit again.
+ * PAGEDATTN_SWEEP="SEED COUNT" runs another sweep (the tool's `verify --random` does the same
+ * with more options). */
 #define _POSIX_C_SOURCE 200809L
 #include "grid.h"
 #include "test.h"

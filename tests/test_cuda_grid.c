@@ -4,11 +4,17 @@
  * case-name filter.
  *
  * The device helpers come from the backend itself (pa__cuda_testing, internal), reached through
- * a weak reference so that this file links whether or not the backend is built. */
+ * a weak reference so that this file links whether or not the backend is built.
+ *
+ * PAGEDATTN_CUDA_SWEEP="SEED COUNT" adds a random sweep (grid_random_sweep): each case against the
+ * reference, run twice (bits must match), and each sequence alone (the batch's bits again). */
+#define _POSIX_C_SOURCE 200809L
 #include "grid.h"
 #include "test.h"
 
 #include "cuda_test.h"
+
+#include <stdlib.h>
 
 static const pa__cuda_test_hooks *H;
 
@@ -30,6 +36,14 @@ int main(int argc, char **argv)
     grid_set_device_hooks(&hooks);
     const char *filter = argc > 1 ? argv[1] : NULL;
     int fails = grid_run_all(cuda, filter, 0, stdout);
+    const char *sweep = getenv("PAGEDATTN_CUDA_SWEEP");
+    if (sweep) {
+        char *end = NULL;
+        unsigned long long seed = strtoull(sweep, &end, 0);
+        int count = (int)strtol(end, NULL, 0);
+        CHECK(count > 0);
+        fails += grid_random_sweep(cuda, seed, count, 0, 1, false, stdout);
+    }
     printf("== cuda: %d failures\n", fails);
     CHECK_INT(fails, 0);
     grid_set_device_hooks(NULL);

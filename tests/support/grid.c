@@ -1138,6 +1138,21 @@ int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_re
     return run_case(backend, &cases[index], num_threads, 0, res);
 }
 
+/* The case once more on a fresh context of `threads` threads, into o (all sequences in one
+ * batch, or each alone); *same: whether out, lse and cache equal want's bit for bit. */
+static pa_status rerun(const pa_backend *backend, const ginputs *in, goutputs *o, bool device, int threads, int alone,
+                       const goutputs *want, int *same)
+{
+    pa_context *ctx = NULL;
+    pa_context_options opt = {threads, 0, NULL};
+    pa_status s = make_outputs(in, o) ? PA_STATUS_OUT_OF_MEMORY : pa_context_create(backend, &opt, &ctx);
+    if (!s) s = alone ? run_alone(ctx, in, o, device) : run_forward(ctx, in, o, device);
+    pa_context_destroy(ctx);
+    *same = !s && !memcmp(o->out.p, want->out.p, want->out.bytes) && !memcmp(o->lse.p, want->lse.p, want->lse.bytes) &&
+            !memcmp(o->pool.p, want->pool.p, want->pool.bytes);
+    return s;
+}
+
 /* det_threads > 0: the backend runs the case a second time with that many threads, and the two
  * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism); then, for a case
  * of several sequences, once more with each sequence in a batch of its own: the same bits again. */
@@ -1180,35 +1195,19 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
         compare(&k, &in, &got, wo, wl);
         if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
             fail(&k, "the cache after forward differs from the reference's");
-        if (!k.fail && det_threads > 0) {
+        /* again with det_threads threads, then each sequence alone: the same bits each time */
+        for (int alone = 0; alone < 2 && !k.fail && det_threads > 0 && (!alone || c->nseq > 1); alone++) {
             goutputs again;
-            ctx = NULL;
-            pa_context_options opt2 = {det_threads, 0, NULL};
-            pa_status s2 = make_outputs(&in, &again) ? PA_STATUS_OUT_OF_MEMORY
-                                                     : pa_context_create(backend, &opt2, &ctx);
-            if (!s2) s2 = run_forward(ctx, &in, &again, device);
-            pa_context_destroy(ctx);
+            int same = 0;
+            pa_status s2 = rerun(backend, &in, &again, device, det_threads, alone, &got, &same);
             if (s2)
-                fail(&k, "forward with %d threads failed: %s", det_threads, pa_status_name(s2));
-            else if (memcmp(again.out.p, got.out.p, got.out.bytes) || memcmp(again.lse.p, got.lse.p, got.lse.bytes) ||
-                     memcmp(again.pool.p, got.pool.p, got.pool.bytes))
+                fail(&k, "forward %s failed: %s: %s", alone ? "of each sequence alone" : "with other threads",
+                     pa_status_name(s2), pa_last_error());
+            else if (!same && alone)
+                fail(&k, "each sequence alone (%d threads) gives other bits than the whole batch", det_threads);
+            else if (!same)
                 fail(&k, "%d threads and %d threads give different bits", num_threads, det_threads);
             free_outputs(&again);
-        }
-        if (!k.fail && det_threads > 0 && c->nseq > 1) {
-            goutputs alone;
-            ctx = NULL;
-            pa_context_options opt2 = {det_threads, 0, NULL};
-            pa_status s2 = make_outputs(&in, &alone) ? PA_STATUS_OUT_OF_MEMORY
-                                                     : pa_context_create(backend, &opt2, &ctx);
-            if (!s2) s2 = run_alone(ctx, &in, &alone, device);
-            pa_context_destroy(ctx);
-            if (s2)
-                fail(&k, "forward of each sequence alone failed: %s: %s", pa_status_name(s2), pa_last_error());
-            else if (memcmp(alone.out.p, got.out.p, got.out.bytes) || memcmp(alone.lse.p, got.lse.p, got.lse.bytes) ||
-                     memcmp(alone.pool.p, got.pool.p, got.pool.bytes))
-                fail(&k, "each sequence alone (%d threads) gives other bits than the whole batch", det_threads);
-            free_outputs(&alone);
         }
         free(wo);
         free(wl);
