@@ -68,6 +68,8 @@ for v in simt mmat4 mmat-cp2 mmat-cp3; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 PAGEDATTN_CUDA_PREFILL=lds step grid_lds 150 "$T/test_cuda_grid" &
+# random cases beyond the grid, each run twice and with every sequence alone: bits must match
+PAGEDATTN_CUDA_SWEEP="0x5EED 120" step sweep 150 "$T/test_cuda_grid" "(no grid case)" &
 for k in 256 1024; do # other decode split lengths
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step grid_split$k 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step splits_split$k 90 "$T/test_cuda_splits" &
