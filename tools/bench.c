@@ -452,7 +452,8 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
 static int parse_list(const char *s, int *out, int max)
 {
     int n = 0;
-    while (*s && n < max) {
+    while (*s) {
+        if (n == max) return -1; /* more entries than fit */
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s || v < 0 || v > 1024) return -1;
@@ -583,6 +584,22 @@ int pa_tool_bench(int argc, char **argv)
             return 2;
         }
         bes[nbe++] = b;
+    }
+
+    if (filter) { /* before the limit probes: a typo should not cost a minute and then pass */
+        int hits = 0;
+        for (int bi = 0; bi < nbe; bi++) {
+            bcase cs[16];
+            int nc = make_cases(quick, !strcmp(pa_backend_name(bes[bi]), "reference"), cs);
+            for (int ci = 0; ci < nc; ci++) hits += strstr(cs[ci].name, filter) != NULL;
+        }
+        if (!hits) {
+            bcase cs[16];
+            int nc = make_cases(quick, !strcmp(pa_backend_name(bes[0]), "reference"), cs);
+            fprintf(stderr, "bench: no case matches --cases '%s'; the cases%s are:\n", filter, quick ? " (--quick)" : "");
+            for (int ci = 0; ci < nc; ci++) fprintf(stderr, "  %s\n", cs[ci].name);
+            return 2;
+        }
     }
 
     /* limits */

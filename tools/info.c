@@ -66,8 +66,11 @@ static void capabilities(const pa_backend *b)
 
 int pa_tool_info(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    if (argc > 1) { /* info takes no options */
+        if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return pa_tool_usage(stdout);
+        fprintf(stderr, "pagedattn info: takes no options (got %s)\n", argv[1]);
+        return pa_tool_usage(stderr);
+    }
     printf("pagedattn %s (library %s, header %s)\n", pa_version_string(), pa_version_string(),
            PAGEDATTN_VERSION_STRING);
     cpu_features();

@@ -5,6 +5,7 @@
 #include "grid.h"
 #include "pagedattn.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,19 +31,49 @@ static int dev_to_host(void *dst, const void *src, size_t n) { return dev_copy(d
 static const grid_device_hooks cuda_hooks = {dev_alloc, dev_free, dev_to_device, dev_to_host};
 #endif
 
+/* A whole decimal (or 0x) number in [lo, hi] for option opt, or a message and -1. */
+static int parse_count(const char *opt, const char *text, long lo, long hi, long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 0);
+    if (end == text || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "pagedattn verify: %s needs a whole number in %ld..%ld, not '%s'\n", opt, lo, hi, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int pa_tool_verify(int argc, char **argv)
 {
     const char *backends = NULL, *filter = NULL;
-    int threads = 0, random = 0, oracle = 0, det = 0;
+    long threads = 0, random = 0, det = 0;
+    int oracle = 0;
     unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backends = argv[++i];
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--random") && i + 1 < argc) random = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--oracle")) oracle = 1;
-        else if (!strcmp(argv[i], "--det-threads") && i + 1 < argc) det = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (parse_count(argv[i], argv[i + 1], 0, 1024, &threads)) return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--random") && i + 1 < argc) {
+            if (parse_count(argv[i], argv[i + 1], 1, 10000000, &random)) return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            char *end = NULL;
+            errno = 0;
+            seed = strtoull(argv[i + 1], &end, 0);
+            if (end == argv[i + 1] || *end || errno || argv[i + 1][0] == '-') {
+                fprintf(stderr, "pagedattn verify: --seed needs an unsigned 64-bit number, not '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(argv[i], "--oracle")) oracle = 1;
+        else if (!strcmp(argv[i], "--det-threads") && i + 1 < argc) {
+            if (parse_count(argv[i], argv[i + 1], 1, 1024, &det)) return 2;
+            i++;
+        }
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return pa_tool_usage(stdout);
         else if (!strcmp(argv[i], "--list")) {
             for (int c = 0; c < grid_count(); c++) printf("%d %s\n", c, grid_case_name(c));
@@ -95,12 +126,12 @@ int pa_tool_verify(int argc, char **argv)
         }
         checked++;
         if (random > 0) {
-            printf("== backend %s vs reference: %d random cases from seed %#llx%s ==\n", name, random, seed,
+            printf("== backend %s vs reference: %ld random cases from seed %#llx%s ==\n", name, random, seed,
                    oracle ? ", and the reference vs the oracle" : "");
-            failures += grid_random_sweep(b, seed, random, threads, det, oracle, stdout);
+            failures += grid_random_sweep(b, seed, (int)random, (int)threads, (int)det, oracle, stdout);
         } else {
             printf("== backend %s vs reference ==\n", name);
-            failures += grid_run_all(b, filter, threads, stdout);
+            failures += grid_run_all(b, filter, (int)threads, stdout);
         }
         if (device) grid_set_device_hooks(NULL);
     }
