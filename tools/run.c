@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct run_opts {
     const char *backend;
@@ -87,8 +88,8 @@ static int parse(int argc, char **argv, run_opts *o)
         else if (!strcmp(a, "--head-size")) o->head_size = atoi(v);
         else if (!strcmp(a, "--block-size")) o->block_size = atoi(v);
         else if (!strcmp(a, "--budget")) o->budget = atoi(v);
-        else if (!strcmp(a, "--prompt")) { if (sscanf(v, "%d,%d", &o->min_prompt, &o->max_prompt) != 2) return -1; }
-        else if (!strcmp(a, "--gen")) { if (sscanf(v, "%d,%d", &o->min_gen, &o->max_gen) != 2) return -1; }
+        else if (!strcmp(a, "--prompt")) { if (sscanf(v, "%d,%d", &o->min_prompt, &o->max_prompt) != 2) return fprintf(stderr, "pagedattn run: --prompt needs MIN,MAX\n"), -1; }
+        else if (!strcmp(a, "--gen")) { if (sscanf(v, "%d,%d", &o->min_gen, &o->max_gen) != 2) return fprintf(stderr, "pagedattn run: --gen needs MIN,MAX\n"), -1; }
         else if (!strcmp(a, "--cache-dtype")) { if (pa_dtype_parse(v, &o->cache_dtype)) return fprintf(stderr, "%s\n", pa_last_error()), -1; }
         else if (!strcmp(a, "--dtype")) { if (pa_dtype_parse(v, &o->io_dtype)) return fprintf(stderr, "%s\n", pa_last_error()), -1; }
         else if (!strcmp(a, "--sliding-window")) o->sliding_window = atoi(v);
@@ -101,6 +102,9 @@ static int parse(int argc, char **argv, run_opts *o)
     if (o->seqs < 1 || o->max_running < 1 || o->layers < 1 || o->block_size < 1 || o->budget < 1 ||
         o->min_prompt < 1 || o->max_prompt < o->min_prompt || o->min_gen < 1 || o->max_gen < o->min_gen)
         return fprintf(stderr, "pagedattn run: sizes must be positive and ranges ordered\n"), -1;
+    if ((int64_t)o->max_prompt + o->max_gen > (1 << 30))
+        return fprintf(stderr, "pagedattn run: a sequence may hold at most 2^30 tokens (prompt + generated)\n"), -1;
+    if (o->max_running > o->seqs) o->max_running = o->seqs; /* the pool is sized by it */
     return 0;
 }
 
@@ -316,12 +320,23 @@ static int setup(sim *S)
     if (pa_backend_memory(b) != PA_MEMORY_HOST)
         return fprintf(stderr, "pagedattn run: backend %s needs device buffers; run drives host backends\n", pa_backend_name(b)), -1;
     /* Enough blocks for max_running sequences of the longest length. */
-    int64_t per_seq = (o->max_prompt + o->max_gen + o->block_size - 1) / o->block_size + 1;
+    int64_t per_seq = ((int64_t)o->max_prompt + o->max_gen + o->block_size - 1) / o->block_size + 1;
     S->pool.num_blocks = per_seq * o->max_running;
+    /* the caches are touched whole below (NaN fill): refuse what this machine cannot hold */
+    double cache_bytes = (double)S->pool.num_blocks * o->block_size * o->kv_heads * o->head_size *
+                         (double)pa_dtype_size(o->cache_dtype) * 2 * o->layers;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (S->pool.num_blocks > INT32_MAX || (phys > 0 && cache_bytes > 0.75 * phys))
+        return fprintf(stderr,
+                       "pagedattn run: the KV caches would take %.1f GiB (%d layers x %lld blocks of %d tokens), "
+                       "more than 3/4 of this machine's %.1f GiB; lower --max-running, --prompt, --gen or --layers\n",
+                       cache_bytes / 1073741824.0, o->layers, (long long)S->pool.num_blocks, o->block_size,
+                       phys / 1073741824.0), -1;
     S->pool.free_ids = malloc((size_t)S->pool.num_blocks * sizeof(int32_t));
+    S->caches = calloc((size_t)o->layers, sizeof *S->caches);
+    if (!S->pool.free_ids || !S->caches) return fprintf(stderr, "pagedattn run: out of memory\n"), -1;
     for (int64_t i = 0; i < S->pool.num_blocks; i++) S->pool.free_ids[i] = (int32_t)(S->pool.num_blocks - 1 - i);
     S->pool.nfree = (int)S->pool.num_blocks;
-    S->caches = calloc((size_t)o->layers, sizeof *S->caches);
     for (int l = 0; l < o->layers; l++) {
         s = pa_cache_init(&S->caches[l], pa_backend_preferred_layout(b), o->cache_dtype, S->pool.num_blocks,
                           o->block_size, o->kv_heads, o->head_size);
@@ -338,6 +353,9 @@ static int setup(sim *S)
     S->ref_out = malloc(8 * o->heads * o->head_size * es);
     S->ref_q = malloc(8 * o->heads * o->head_size * es);
     S->seqs = calloc((size_t)o->seqs, sizeof *S->seqs);
+    if (!S->noise || !S->out || !S->ref_out || !S->ref_q || !S->seqs)
+        return fprintf(stderr, "pagedattn run: out of memory (--budget %d tokens of %d heads x %d)\n", o->budget,
+                       o->heads, o->head_size), -1;
     S->rng = 0x9E3779B97F4A7C15ull ^ o->seed;
     fill_random(S, S->noise, S->noise_elems);
     for (int i = 0; i < o->seqs; i++) {
