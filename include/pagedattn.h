@@ -427,8 +427,11 @@ PA_API pa_status pa_backend_supports(const pa_backend *backend, const pa_layer *
 /* A context is an opened backend: its threads, device, stream, workspaces. */
 typedef struct pa_context pa_context;
 
+/* The most worker threads a context takes (more: INVALID_ARGUMENT; "online cores" is capped). */
+#define PA_MAX_THREADS 1024
+
 typedef struct pa_context_options {
-    int32_t num_threads; /* cpu: worker threads (0 = online cores); others ignore it */
+    int32_t num_threads; /* cpu: worker threads, 0..PA_MAX_THREADS (0 = online cores); others ignore it */
     int32_t device;      /* cuda: device ordinal */
     void *stream;        /* cuda: a cudaStream_t to run on (NULL = the context's own stream) */
 } pa_context_options;
@@ -438,7 +441,8 @@ PA_API pa_status pa_context_create(const pa_backend *backend, const pa_context_o
                                    pa_context **out);
 PA_API void pa_context_destroy(pa_context *ctx);
 PA_API const pa_backend *pa_context_backend(const pa_context *ctx);
-/* cpu: resizes the thread pool (0 = online cores). Other backends accept and ignore it. */
+/* cpu: resizes the thread pool (0 = online cores; at most PA_MAX_THREADS). Other backends accept
+ * and ignore it. */
 PA_API pa_status pa_context_set_num_threads(pa_context *ctx, int32_t num_threads);
 PA_API int32_t pa_context_num_threads(const pa_context *ctx);
 /* Waits for work queued on the context to finish (cuda); a no-op on host backends. */

@@ -599,12 +599,16 @@ static void test_backends(void)
     CHECK_FAILS_WITH(pa_context_create(ref, NULL, NULL), PA_STATUS_NULL_POINTER, "backend and out");
     pa_context_options o = {-1, 0, NULL};
     ctx = (pa_context *)&o;
-    CHECK_FAILS_WITH(pa_context_create(ref, &o, &ctx), PA_STATUS_INVALID_ARGUMENT, "num_threads -1 < 0");
+    CHECK_FAILS_WITH(pa_context_create(ref, &o, &ctx), PA_STATUS_INVALID_ARGUMENT, "num_threads -1 not in [0, 1024]");
+    CHECK(ctx == NULL);
+    o.num_threads = PA_MAX_THREADS + 1;
+    CHECK_FAILS_WITH(pa_context_create(ref, &o, &ctx), PA_STATUS_INVALID_ARGUMENT, "num_threads 1025 not in [0, 1024]");
     CHECK(ctx == NULL);
     CHECK_OK(pa_context_create(ref, NULL, &ctx));
     CHECK(pa_context_backend(ctx) == ref && pa_context_backend(NULL) == NULL);
     CHECK_FAILS_WITH(pa_context_set_num_threads(NULL, 2), PA_STATUS_NULL_POINTER, "ctx is NULL");
-    CHECK_FAILS_WITH(pa_context_set_num_threads(ctx, -2), PA_STATUS_INVALID_ARGUMENT, "-2 < 0");
+    CHECK_FAILS_WITH(pa_context_set_num_threads(ctx, -2), PA_STATUS_INVALID_ARGUMENT, "-2 not in [0, 1024]");
+    CHECK_FAILS_WITH(pa_context_set_num_threads(ctx, 1 << 30), PA_STATUS_INVALID_ARGUMENT, "1073741824 not in [0, 1024]");
     CHECK_OK(pa_context_set_num_threads(ctx, 3));
     CHECK_INT(pa_context_num_threads(ctx), 1); /* the reference is single-threaded */
     CHECK_INT(pa_context_num_threads(NULL), 0);

@@ -43,8 +43,8 @@ def set_num_threads(n):
     """Sets the number of worker threads of the ``cpu`` backend's context (0 = one per online
     core). Other backends have no pool and ignore it."""
     n = int(n)
-    if n < 0:
-        raise ValueError("num_threads must be >= 0, got %d" % n)
+    if n < 0 or n > 1024:  # PA_MAX_THREADS; checked here too so that ctypes never truncates n
+        raise ValueError("num_threads must be in [0, 1024], got %d" % n)
     ctx = _threads_context()
     with ctx.lock:
         L.check(L.lib.pa_context_set_num_threads(ctx.handle, n), "set_num_threads")

@@ -258,6 +258,10 @@ def test_threads_and_backends():
     assert pa.get_num_threads() == 1 or "cpu" not in names
     pa.set_num_threads(n0)
     assert pa.get_num_threads() == n0
+    for bad in (-1, 1025, 2**32 + 1):  # 2**32 + 1 would reach C as 1 if it were not checked
+        with pytest.raises(ValueError):
+            pa.set_num_threads(bad)
+    assert pa.get_num_threads() == n0
     b = pa.get_attn_backend()
     assert b.get_name() in names
 

@@ -14,9 +14,9 @@ pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, 
         return pa__fail(PA_STATUS_UNAVAILABLE, "backend \"%s\" cannot run here: %s", b->name, why);
     pa_context_options defaults = {0, 0, NULL};
     if (!opt) opt = &defaults;
-    if (opt->num_threads < 0)
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_create: num_threads %d < 0",
-                        opt->num_threads);
+    if (opt->num_threads < 0 || opt->num_threads > PA_MAX_THREADS)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_create: num_threads %d not in [0, %d]",
+                        opt->num_threads, PA_MAX_THREADS);
     struct pa_context *ctx = pa__calloc(1, sizeof *ctx);
     if (!ctx) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_context_create: out of memory");
     ctx->backend = b;
@@ -41,7 +41,9 @@ const pa_backend *pa_context_backend(const pa_context *ctx) { return ctx ? ctx->
 pa_status pa_context_set_num_threads(pa_context *ctx, int32_t n)
 {
     if (!ctx) return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_set_num_threads: ctx is NULL");
-    if (n < 0) return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_set_num_threads: %d < 0", n);
+    if (n < 0 || n > PA_MAX_THREADS)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_set_num_threads: %d not in [0, %d]", n,
+                        PA_MAX_THREADS);
     return ctx->backend->set_num_threads ? ctx->backend->set_num_threads(ctx->impl, n) : PA_STATUS_OK;
 }
 

@@ -130,7 +130,9 @@ static pa_status cpu_supports(const struct pa_layer *layer)
 
 static int32_t resolve_threads(int32_t n)
 {
-    return n > 0 ? n : pa__cpu_online_cores();
+    if (n > 0) return n;
+    n = pa__cpu_online_cores();
+    return n < PA_MAX_THREADS ? n : PA_MAX_THREADS;
 }
 
 static void free_scratch(pa__cpu_scratch *s, int n)
