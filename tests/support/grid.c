@@ -932,10 +932,9 @@ void grid_set_device_hooks(const grid_device_hooks *h)
     if (h) dev_hooks = *h;
 }
 
-/* Forward with every buffer where the backend wants it (staged through device memory for a
- * device backend). */
 /* One forward of batch (the case's own, or a part of it whose first sequence starts at token
- * tok0 and encoder token enc0 of the case's rows: its rows are read and written in place). */
+ * tok0 and encoder token enc0 of the case's rows: its rows are read and written in place), with
+ * every buffer where the backend wants it (staged through device memory for a device backend). */
 static pa_status run_forward_of(pa_context *ctx, const ginputs *in, goutputs *o, bool device, const pa_batch *batch,
                                 int64_t tok0, int64_t enc0)
 {
