@@ -636,15 +636,13 @@ int pa_tool_bench(int argc, char **argv)
     }
 
     if (filter) { /* before the limit probes: a typo should not cost a minute and then pass */
-        int hits = 0;
-        for (int bi = 0; bi < nbe; bi++) {
-            bcase cs[16];
-            int nc = make_cases(quick, !strcmp(pa_backend_name(bes[bi]), "reference"), cs);
+        int hits = 0, nc = 0;
+        bcase cs[16];
+        for (int bi = nbe - 1; bi >= 0; bi--) { /* backwards: cs ends as the first backend's list */
+            nc = make_cases(quick, !strcmp(pa_backend_name(bes[bi]), "reference"), cs);
             for (int ci = 0; ci < nc; ci++) hits += strstr(cs[ci].name, filter) != NULL;
         }
         if (!hits) {
-            bcase cs[16];
-            int nc = make_cases(quick, !strcmp(pa_backend_name(bes[0]), "reference"), cs);
             fprintf(stderr, "bench: no case matches --cases '%s'; the cases%s are:\n", filter, quick ? " (--quick)" : "");
             for (int ci = 0; ci < nc; ci++) fprintf(stderr, "  %s\n", cs[ci].name);
             return 2;
