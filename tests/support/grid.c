@@ -364,6 +364,25 @@ static void build_decode_cases(void)
     c.cache = c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
     c.wl = 30, c.wr = 0, c.alibi = 1, c.sinks = 1, c.softcap = 8.0f, c.qscale = 2.0f;
     push(c, "prefill16");
+    /* the same tiles with whole key chunks that no row masks between masked ones: head size 64
+     * at GQA 8 after a context, block size 24 (no power of two); a 300-token prompt under a 100-key window at
+     * GQA 1; a block-sparse prompt (every chunk masked per element) */
+    c = base_case();
+    c.D = 64, c.H = 16, c.Hkv = 2, c.B = 24, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_F16;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){70, 200, 1, 0};
+    c.seqs[1] = (gseq){0, 33, 1, 0};
+    push(c, "prefill16");
+    c = base_case();
+    c.D = 128, c.H = 4, c.Hkv = 4, c.cache = c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32;
+    c.nseq = 1;
+    c.seqs[0] = (gseq){0, 300, 1, 0};
+    c.wl = 100;
+    push(c, "prefill16");
+    c.wl = -1;
+    c.bs = (pa_blocksparse){16, 2, 3, 0, 1, 0};
+    c.seqs[0] = (gseq){0, 160, 1, 0};
+    push(c, "prefill16");
 }
 
 static uint64_t rng_next(uint64_t *s);

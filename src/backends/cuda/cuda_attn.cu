@@ -465,6 +465,19 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 #endif
 
+/* 2^x by the special-function unit (ex2.approx, flush-to-zero: relative error ~2^-22, far below
+ * the 16-bit rounding of P that follows it); exp2f on the emulator. */
+__device__ __forceinline__ float fast_exp2(float x)
+{
+#ifdef PA_CU_EMULATE
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 /* cp.async: 16 bytes global -> shared without a register stop; `ok` false zero-fills the
  * destination and reads nothing. */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool ok)
@@ -588,8 +601,33 @@ __device__ __noinline__ void mma_tile_exact(const pa_cu_attn_params &P, int s, i
     }
 }
 
-template <int D, bool LDM>
-__global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
+/* Whether the V of a key that some rows of an mma prefill tile mask and others see holds a NaN
+ * or inf (then the tile goes to mma_tile_exact; bad input only). The tile's chunks cover
+ * [chunk0, kend); every row sees [lo_b, hi_a) (lo of its last row, hi of its first) unless a
+ * block-sparse pattern is set, when every key counts. Block-wide: every thread gets the answer. */
+template <int D>
+__device__ bool masked_v_nonfinite(const pa_cu_attn_params &P, int s, int hk, int64_t chunk0, int64_t kend,
+                                   int64_t lo_b, int64_t hi_a)
+{
+    const bool bf16 = P.cache_dtype == PA_DTYPE_BF16;
+    const uint16_t *vc = (const uint16_t *)P.vc;
+    const bool all = P.bs_block > 0;
+    const int64_t a0 = chunk0, a1 = all ? kend : min(max(lo_b, chunk0), kend);
+    const int64_t b0 = all ? kend : max(hi_a, a1), b1 = kend;
+    const int64_t n = (a1 - a0) + (b1 - b0);
+    bool bad = false;
+    for (int64_t e = threadIdx.x; e < n * (D / 2); e += blockDim.x) {
+        const int64_t k = e / (D / 2), j = k < a1 - a0 ? a0 + k : b0 + (k - (a1 - a0));
+        const int d = (int)(e - k * (D / 2)) * 2;
+        const int64_t off = (int64_t)P.tables[(int64_t)s * P.table_stride + j / P.c_bs] * P.c_block +
+                            (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
+        bad |= nonfinite2(pack16(vc[off], vc[off + 1]), bf16);
+    }
+    return __syncthreads_or(bad) != 0;
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int KS = D + 8; /* shared row stride in 16-bit elements (bank spread) */
     PA_CU_STATIC_SMEM __align__(16) uint16_t Ksh[2][PA_CU_KCHUNK * KS]; /* double-buffered */
@@ -642,26 +680,9 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
     const int64_t chunk0 = kbeg < kend ? (kbeg / PA_CU_KCHUNK) * PA_CU_KCHUNK : kend;
-    /* keys that some rows of the tile mask and others see (every key of the chunks with a
-     * block-sparse pattern; else outside [lo_b, hi_a), which every row sees): a NaN or inf in
-     * their V sends the tile to the exact SIMT routine (bad input only) */
-    {
-        const bool all = P.bs_block > 0;
-        const int64_t a0 = chunk0, a1 = all ? kend : min(max(lo_b, chunk0), kend);
-        const int64_t b0 = all ? kend : max(hi_a, a1), b1 = kend;
-        const int64_t n = (a1 - a0) + (b1 - b0);
-        bool bad = false;
-        for (int64_t e = tid; e < n * (D / 2); e += blockDim.x) {
-            const int64_t k = e / (D / 2), j = k < a1 - a0 ? a0 + k : b0 + (k - (a1 - a0));
-            const int d = (int)(e - k * (D / 2)) * 2;
-            const int64_t off = (int64_t)P.tables[(int64_t)s * P.table_stride + j / P.c_bs] * P.c_block +
-                                (j % P.c_bs) * P.c_token + (int64_t)hk * P.c_head + d;
-            bad |= nonfinite2(pack16(vc[off], vc[off + 1]), bf16);
-        }
-        if (__syncthreads_or(bad)) {
-            mma_tile_exact<D>(P, s, hk, row_begin, row_end);
-            return;
-        }
+    if (masked_v_nonfinite<D>(P, s, hk, chunk0, kend, lo_b, hi_a)) {
+        mma_tile_exact<D>(P, s, hk, row_begin, row_end);
+        return;
     }
 
     /* 16-byte path (the host checked strides and alignment): chunk i + 1 streams into the other
@@ -716,24 +737,14 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-            if (LDM) {
-                /* ldmatrix x4: the B fragments of two k-steps for 8 keys in one instruction */
+            /* ldmatrix x4: the B fragments of two k-steps for 8 keys in one instruction */
 #pragma unroll
-                for (int ks = 0; ks < D / 16; ks += 2) {
-                    uint32_t r[4];
-                    ldsm_x4(r, Kb + (nt * 8 + (lane & 7)) * KS + (ks + (lane >> 4)) * 16 + ((lane >> 3) & 1) * 8, false);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma16816(sc[nt], qa[ks], b0, bf16);
-                    mma16816(sc[nt], qa[ks + 1], b1, bf16);
-                }
-            } else {
-                const uint16_t *krow = Kb + (nt * 8 + g) * KS;
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) {
-                    const int d = ks * 16 + 2 * t4; /* even: 4-byte aligned pairs */
-                    const uint32_t b[2] = {*(const uint32_t *)(krow + d), *(const uint32_t *)(krow + d + 8)};
-                    mma16816(sc[nt], qa[ks], b, bf16);
-                }
+            for (int ks = 0; ks < D / 16; ks += 2) {
+                uint32_t r[4];
+                ldsm_x4(r, Kb + (nt * 8 + (lane & 7)) * KS + (ks + (lane >> 4)) * 16 + ((lane >> 3) & 1) * 8, false);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma16816(sc[nt], qa[ks], b0, bf16);
+                mma16816(sc[nt], qa[ks + 1], b1, bf16);
             }
         }
         /* scores -> probabilities, online softmax per row (a row lives in a quad of lanes) */
@@ -789,30 +800,16 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
             o[n][2] *= alpha[1], o[n][3] *= alpha[1];
         }
         /* O += P V: B[k = key][n = dim] */
-        if (LDM) {
-            /* ldmatrix x4 .trans: the B fragments of two dim tiles for 16 keys */
+        /* ldmatrix x4 .trans: the B fragments of two dim tiles for 16 keys */
 #pragma unroll
-            for (int n = 0; n < D / 8; n += 2) {
+        for (int n = 0; n < D / 8; n += 2) {
 #pragma unroll
-                for (int ks = 0; ks < 2; ks++) {
-                    uint32_t r[4];
-                    ldsm_x4(r, Vb + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (n + (lane >> 4)) * 8, true);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    mma16816(o[n], pa[ks], b0, bf16);
-                    mma16816(o[n + 1], pa[ks], b1, bf16);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                const int d = n * 8 + g;
-#pragma unroll
-                for (int ks = 0; ks < 2; ks++) {
-                    const int k0 = ks * 16 + 2 * t4;
-                    const uint32_t b[2] = {pack16(Vb[k0 * KS + d], Vb[(k0 + 1) * KS + d]),
-                                           pack16(Vb[(k0 + 8) * KS + d], Vb[(k0 + 9) * KS + d])};
-                    mma16816(o[n], pa[ks], b, bf16);
-                }
+            for (int ks = 0; ks < 2; ks++) {
+                uint32_t r[4];
+                ldsm_x4(r, Vb + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (n + (lane >> 4)) * 8, true);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                mma16816(o[n], pa[ks], b0, bf16);
+                mma16816(o[n + 1], pa[ks], b1, bf16);
             }
         }
     }
@@ -836,6 +833,258 @@ __global__ void __launch_bounds__(128) attn_mma_kernel(const __grid_constant__ p
                 ll != 0.f ? mm + logf(ll) : -INFINITY;
     }
 }
+
+/* ---- FlashAttention-2 style prefill tiles ----------------------------------------------------
+ *
+ * attn_fa_kernel<D, BF, BN>: 16-bit q == cache dtype, head size D = 64/128, 16-byte cache loads
+ * (P.vec8). A block of 4 warps takes PA_CU_MMA_ROWS = 128 rows (warp w: rows 32w .. 32w + 31 as
+ * two 16-row m-tiles, so every K/V fragment read from shared memory feeds two mma), the tile's
+ * Q rows in shared memory, keys in chunks of BN (aligned to multiples of BN from key 0) double-
+ * buffered by cp.async. Scores and the online softmax run in base 2 (the scale times log2 e is
+ * folded into one multiply; m is kept in log2 units and turned back for sinks and the LSE).
+ * Only chunks that some row masks (the causal diagonal, a window's edge, the end of the keys)
+ * or layers with a soft-cap, ALiBi or a block-sparse pattern evaluate the mask and logit()
+ * per element; every other chunk is the plain scaled product. P is rounded to the cache dtype
+ * for P V (allowed by the contract), the row sums stay fp32. Rows and chunking are fixed by
+ * the sequence alone, so a row's bits do not depend on the batch. */
+template <int D, bool BF, int BN>
+__global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
+{
+    constexpr int KS = D + 8;  /* shared row stride in 16-bit elements (bank spread, 16-byte rows) */
+    constexpr int NT = BN / 8; /* 8-key score tiles per chunk */
+    constexpr int DT = D / 8;  /* 8-dim output tiles */
+    constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+    PA_CU_DYN_SMEM(uint16_t, fa_smem);
+    uint16_t *const Qs = fa_smem;                        /* [PA_CU_MMA_ROWS][KS] */
+    uint16_t *const Ks = Qs + PA_CU_MMA_ROWS * KS;       /* [2][BN][KS] */
+    uint16_t *const Vs = Ks + 2 * BN * KS;               /* [2][BN][KS] */
+    /* the last tiles of a sequence (the most keys under a causal mask) start first */
+    const pa_cu_item it = P.items[gridDim.x - 1 - blockIdx.x];
+    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
+    const int64_t row_begin = it.row0, row_end = min(row_begin + PA_CU_MMA_ROWS, nrows);
+    const int64_t c = P.ctx_lens[s], kv_len = P.kv_lens[s];
+
+    int64_t lo_a, hi_a, lo_b, hi_b;
+    key_range(P, c + row_begin / G, kv_len, &lo_a, &hi_a);
+    key_range(P, c + (row_end - 1) / G, kv_len, &lo_b, &hi_b);
+    const int64_t kbeg = lo_a, kend = hi_b;
+    const int64_t chunk0 = kbeg < kend ? (kbeg / BN) * BN : kend;
+    if (masked_v_nonfinite<D>(P, s, hk, chunk0, kend, lo_b, hi_a)) {
+        mma_tile_exact<D>(P, s, hk, row_begin, row_end);
+        return;
+    }
+
+    /* the tile's Q rows (zeros past the last row) */
+    const uint16_t *qb = (const uint16_t *)P.q, *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+    const bool q16 = ((uintptr_t)qb & 15) == 0 && P.q_rs % 8 == 0;
+    for (int e = tid; e < PA_CU_MMA_ROWS * (D / 8); e += 128) {
+        const int r = e / (D / 8), d = (e - r * (D / 8)) * 8;
+        const int64_t row = row_begin + r;
+        const bool ok = row < row_end;
+        int64_t off = 0;
+        if (ok) {
+            const int64_t t = row / G;
+            off = (q0 + t) * P.q_rs + (int64_t)(hk * G + (int)(row - t * G)) * D + d;
+        }
+        if (q16) {
+            cp_async16(&Qs[r * KS + d], qb + off, ok);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) Qs[r * KS + d + i] = ok ? qb[off + i] : (uint16_t)0;
+        }
+    }
+    /* chunk kbx's K and V into buffer `buf`: each thread copies the same 16 bytes (dims d0..+7)
+     * of keys k0, k0 + 128 / (D/8), ...; keys past the range are zero-filled, never read. Key
+     * positions fit 32 bits (the plan's lengths are int32): the table index is a shift and a
+     * mask for power-of-two block sizes, one 32-bit division otherwise. */
+    constexpr int TPR = D / 8, KPP = 128 / TPR; /* threads per key row, keys per pass */
+    const int k0 = tid / TPR, d0 = (tid % TPR) * 8;
+    const int32_t *table = P.tables + (int64_t)s * P.table_stride;
+    const int64_t head_off = (int64_t)hk * P.c_head + d0;
+    const int bsh = P.c_bs_log2;
+    const uint32_t bs = (uint32_t)P.c_bs;
+    auto issue = [&](int64_t kbx, int buf) {
+        const int nkx = (int)min((int64_t)BN, kend - kbx);
+#pragma unroll
+        for (int i = 0; i < BN / KPP; i++) {
+            const int k = k0 + KPP * i;
+            const bool ok = k < nkx;
+            int64_t off = 0;
+            if (ok) {
+                const uint32_t j = (uint32_t)kbx + (uint32_t)k;
+                const uint32_t blk = bsh >= 0 ? j >> bsh : j / bs, in = j - blk * bs;
+                off = (int64_t)table[blk] * P.c_block + (int64_t)in * P.c_token + head_off;
+            }
+            cp_async16(&Ks[(buf * BN + k) * KS + d0], kc + off, ok);
+            cp_async16(&Vs[(buf * BN + k) * KS + d0], vc + off, ok);
+        }
+        cp_async_commit(); /* with the Q rows in the first group */
+    };
+    if (chunk0 < kend) issue(chunk0, 0);
+    else cp_async_commit();
+
+    const bool feat = P.softcap > 0.f || P.has_alibi || P.bs_block > 0;
+    const float sl2 = P.scale * LOG2E;
+    float o[2][DT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int n = 0; n < DT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l[4] = {0.f, 0.f, 0.f, 0.f}; /* [2 mt + i] */
+
+    int iter = 0;
+    for (int64_t kb = chunk0; kb < kend; kb += BN, iter++) {
+        const int buf = iter & 1;
+        __syncthreads(); /* every warp is done with the buffer about to be refilled */
+        if (kb + BN < kend) issue(kb + BN, buf ^ 1);
+        else cp_async_commit(); /* an empty group keeps the count */
+        cp_async_wait_1();      /* this chunk's group (and the Q rows) have landed */
+        __syncthreads();
+        const uint16_t *Kb = Ks + buf * BN * KS, *Vb = Vs + buf * BN * KS;
+
+        /* S = Q K^T: per 16-dim step, the A fragments of both m-tiles, then per 16 keys one
+         * ldmatrix x4 (two 8-key B fragments) for four mma */
+        float sc[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) sc[mt][nt][0] = sc[mt][nt][1] = sc[mt][nt][2] = sc[mt][nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4(a[mt], Qs + (32 * warp + 16 * mt + (lane & 15)) * KS + ks * 16 + (lane >> 4) * 8, false);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t r[4];
+                ldsm_x4(r, Kb + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * KS + ks * 16 + ((lane >> 3) & 1) * 8, false);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816(sc[mt][2 * np], a[mt], b0, BF);
+                    mma16816(sc[mt][2 * np + 1], a[mt], b1, BF);
+                }
+            }
+        }
+        /* logits in log2 units; a chunk every row sees whole takes no mask (block-uniform) */
+        if (!feat && kb >= lo_b && kb + BN <= hi_a) {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[mt][nt][e] *= sl2;
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int64_t row = row_begin + 32 * warp + 16 * mt + 8 * i + g;
+                    const int64_t t = row / G, p = c + t;
+                    const int h = hk * G + (int)(row - t * G);
+                    int64_t lo, hi;
+                    key_range(P, p, kv_len, &lo, &hi);
+                    if (row >= row_end) hi = lo; /* sees nothing */
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int64_t j = kb + nt * 8 + 2 * t4 + e;
+                            float &x = sc[mt][nt][2 * i + e];
+                            if (j < lo || j >= hi || !blocksparse_visible(P, h, p, j)) x = -INFINITY;
+                            else x = feat ? logit(P, x * P.scale, h, p, j) * LOG2E : x * sl2;
+                        }
+                }
+        }
+        /* online softmax per row (a row lives in a quad of lanes); a NaN logit makes l NaN */
+        float alpha[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int mt = r >> 1, i = r & 1;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * i], sc[mt][nt][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[r], mx);
+            alpha[r] = m_new == -INFINITY ? 1.f : fast_exp2(m[r] - m_new);
+            m[r] = m_new;
+        }
+        float rs[4] = {0.f, 0.f, 0.f, 0.f};
+        uint32_t pa[2][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint16_t p16[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    const float x = sc[mt][nt][e];
+                    const float pr = x == -INFINITY ? 0.f : fast_exp2(x - m[r]);
+                    rs[r] += pr;
+                    p16[e] = f32_to_16(pr, BF);
+                }
+                /* C layout of key tile nt -> A layout of key step nt / 2 */
+                pa[mt][nt >> 1][(nt & 1) * 2 + 0] = pack16(p16[0], p16[1]);
+                pa[mt][nt >> 1][(nt & 1) * 2 + 1] = pack16(p16[2], p16[3]);
+            }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+            l[r] = l[r] * alpha[r] + rs[r];
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < DT; n++) {
+                o[mt][n][0] *= alpha[2 * mt], o[mt][n][1] *= alpha[2 * mt];
+                o[mt][n][2] *= alpha[2 * mt + 1], o[mt][n][3] *= alpha[2 * mt + 1];
+            }
+        /* O += P V: per 16 keys and two 8-dim tiles, one ldmatrix x4 .trans for four mma */
+#pragma unroll
+        for (int kst = 0; kst < BN / 16; kst++)
+#pragma unroll
+            for (int n = 0; n < DT; n += 2) {
+                uint32_t r[4];
+                ldsm_x4(r, Vb + (kst * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (n + (lane >> 4)) * 8, true);
+                const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816(o[mt][n], pa[mt][kst], b0, BF);
+                    mma16816(o[mt][n + 1], pa[mt][kst], b1, BF);
+                }
+            }
+    }
+    cp_async_wait<0>(); /* nothing in flight when the block ends (an empty range loads only Q) */
+
+    /* finish each row: back to natural units, sinks once, normalize, store */
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int mt = r >> 1, i = r & 1;
+        const int64_t row = row_begin + 32 * warp + 16 * mt + 8 * i + g;
+        if (row >= row_end) continue;
+        const int64_t t = row / G;
+        const int h = hk * G + (int)(row - t * G);
+        float mm = m[r] * LN2, ll = l[r];
+        const float a = add_sink(P, h, mm, ll);
+        const float inv = ll != 0.f ? a / ll : 0.f; /* NaN sum: a poisoned row, NaN */
+        const int64_t base = (q0 + t) * P.out_rs + (int64_t)h * D;
+#pragma unroll
+        for (int n = 0; n < DT; n++) {
+            const int d = n * 8 + 2 * t4;
+            pa_cu_store(P.out_dtype, P.out, base + d, o[mt][n][2 * i] * inv);
+            pa_cu_store(P.out_dtype, P.out, base + d + 1, o[mt][n][2 * i + 1] * inv);
+        }
+        if (P.lse && t4 == 0) P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = ll != 0.f ? mm + logf(ll) : -INFINITY;
+    }
+}
+/* Dynamic shared memory of attn_fa_kernel<D, *, BN>: Q rows, two K and two V chunks. */
+constexpr size_t fa_smem_bytes(int D, int BN) { return (size_t)(PA_CU_MMA_ROWS + 4 * BN) * (D + 8) * 2; }
 
 /* ---- decode tiles (short queries over a paged 16-bit or fp8 cache) ---------------------------
  *
@@ -1176,7 +1425,7 @@ __device__ __forceinline__ void dec_prefetch_step(const pa_cu_attn_params &P, co
  * S^T accumulators with four shuffles of packed 16-bit pairs per 16 keys. Lane (g, t4) owns
  * rows 2t4 and 2t4 + 1 in S^T and O^T; O^T row g of m-tile mt is real dim (D/8) g + 2 mt (and
  * + 1 for row g + 8). */
-template <int D, int CD, bool PF, int MINB, int ST>
+template <int D, int CD, bool PF, int MINB>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
@@ -1185,19 +1434,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr int VW = NT / 8; /* 16-byte V loads per key row */
     constexpr int NW = DEC_THREADS / 32;
     constexpr bool BF = CD == PA_DTYPE_BF16;
-    constexpr int SLOTS = 2 * KC + 4 * VW; /* a lane's 16-byte loads per step */
-    constexpr int STM = ST > 0 ? ST : 1;
-    /* ST > 0: the loads go by cp.async into a per-warp ring of ST steps in dynamic shared memory
-     * (ST * SLOTS * 32 uint4 per warp, each lane reading back only what it copied), ST - 1 steps
-     * ahead of the one computed; the ring's memory then holds the merge's accumulators. */
-    PA_CU_STATIC_SMEM float sh_acc_static[ST == 0 ? NW : 1][8][ST == 0 ? D : 1];
-    float(*sh_acc)[8][D] = (float(*)[8][D])sh_acc_static;
-    uint4 *ring = nullptr;
-    if (ST > 0) {
-        PA_CU_DYN_SMEM(uint4, dec_ring_smem);
-        sh_acc = (float(*)[8][D])dec_ring_smem;
-        ring = dec_ring_smem + (size_t)(threadIdx.x >> 5) * ST * SLOTS * 32;
-    }
+    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
     PA_CU_STATIC_SMEM float sh_w[NW][8];
     PA_CU_STATIC_SMEM float sh_l[NW][8];
     PA_CU_STATIC_SMEM __align__(16) uint16_t sh_fv[NW][16 * D]; /* masked keys with non-finite V: */
@@ -1270,51 +1507,11 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
      * row has the same range and there is no block-sparse pattern: the usual decode) */
     const bool mixed = __any_sync(0xffffffffu, P.bs_block > 0 || (rvv[1] && (rlo[1] != kbeg || rhi[1] != kend)) ||
                                                    (rvv[2] && (rlo[2] != kbeg || rhi[2] != kend)));
-    /* ST > 0: step jn's copies into ring stage `stage` (none past the range; a group either way) */
-    auto issue = [&](int64_t jn, int stage) {
-        if (jn < kend) {
-            uint4 *dst = ring + (size_t)stage * SLOTS * 32 + lane;
-#pragma unroll
-            for (int T = 0; T < 2; T++) {
-                const int j = (int)jn + 8 * T + g;
-                const bool ok = j >= kbeg && j < kend;
-                const uint16_t *src = kc + (ok ? dec_key_off(P, table, j) + head_off + 8 * t4 : 0);
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) cp_async16(dst + (T * KC + cc) * 32, src + 32 * cc, ok);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int j = (int)jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
-                const bool ok = j >= kbeg && j < kend;
-                const uint16_t *src = vc + (ok ? dec_key_off(P, table, j) + head_off + NT * g : 0);
-#pragma unroll
-                for (int w = 0; w < VW; w++) cp_async16(dst + (2 * KC + i * VW + w) * 32, src + 8 * w, ok);
-            }
-        }
-        cp_async_commit();
-    };
-    if (ST > 0)
-        for (int k = 0; k < ST - 1; k++) issue((int64_t)chunk0 + 16 * warp + (int64_t)k * 16 * NW, k);
-    int iter = 0;
-    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend, iter++) {
+    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
         uint4 kr[2][KC], vr[4][VW];
-        if (ST > 0) {
-            issue((int64_t)jb + (int64_t)(ST - 1) * 16 * NW, (iter + ST - 1) % STM);
-            cp_async_wait<STM - 1>(); /* this step's group has landed */
-            const uint4 *src = ring + (size_t)(iter % STM) * SLOTS * 32 + lane;
-#pragma unroll
-            for (int T = 0; T < 2; T++)
-#pragma unroll
-                for (int cc = 0; cc < KC; cc++) kr[T][cc] = src[(T * KC + cc) * 32];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int w = 0; w < VW; w++) vr[i][w] = src[(2 * KC + i * VW + w) * 32];
-        } else {
-            if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
-                dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
-            dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
-        }
+        if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
+            dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
+        dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
 
         /* S^T = K Q^T: c0 (key jb + g, row 2t4), c1 (.., 2t4 + 1), c2/c3 key jb + 8 + g */
         float sc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -1434,10 +1631,6 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
     }
-    if (ST > 0) {
-        cp_async_wait<0>();
-        __syncthreads(); /* every warp is done with the ring: it becomes sh_acc */
-    }
     /* o[mt][r] = O[row 2t4 + r][NT g + 2 mt], o[mt][2 + r] = O[row 2t4 + r][NT g + 2 mt + 1] */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -1471,28 +1664,12 @@ template <int D>
 dec_fn dec_pick_mma(int variant, bool bf)
 {
     switch (variant) {
-    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 0>;
-    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1, 0>;
-    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4, 0>;
-    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4, 0> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4, 0>;
-    case PA_CU_DEC_MMAT_CP2: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 2> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 2>;
-    case PA_CU_DEC_MMAT_CP3: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1, 3> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1, 3>;
+    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
+    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
+    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;
+    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4>;
     default: return nullptr;
     }
-}
-dec_fn dec_pick_mma_any(int variant, int head_size, bool bf)
-{
-    return head_size == 64 ? dec_pick_mma<64>(variant, bf) : head_size == 128 ? dec_pick_mma<128>(variant, bf) : nullptr;
-}
-/* Dynamic shared memory of decode kernel `fn` of `variant` (its cp.async ring, 0 for the others). */
-size_t dec_ring_bytes(int variant, int head_size, dec_fn fn)
-{
-    const int st = variant == PA_CU_DEC_MMAT_CP2 ? 2 : variant == PA_CU_DEC_MMAT_CP3 ? 3 : 0;
-    if (!st || head_size % 64) return 0;
-    /* a tensor-core kernel only (simt fallbacks for other head sizes or dtypes take none) */
-    if (fn != dec_pick_mma_any(variant, head_size, true) && fn != dec_pick_mma_any(variant, head_size, false)) return 0;
-    const int slots = 2 * (head_size / 32) + 4 * (head_size / 64);
-    return (size_t)(DEC_THREADS / 32) * st * slots * 32 * 16;
 }
 dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 {
@@ -1510,6 +1687,17 @@ dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 }
 
 typedef void (*attn_fn)(const pa_cu_attn_params);
+
+/* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, chunk keys 32/64). */
+typedef void (*fa_fn)(const pa_cu_attn_params);
+fa_fn fa_pick(int head_size, bool bf, int bn)
+{
+    if (head_size == 64)
+        return bn == 32 ? (bf ? attn_fa_kernel<64, true, 32> : attn_fa_kernel<64, false, 32>)
+                        : (bf ? attn_fa_kernel<64, true, 64> : attn_fa_kernel<64, false, 64>);
+    return bn == 32 ? (bf ? attn_fa_kernel<128, true, 32> : attn_fa_kernel<128, false, 32>)
+                    : (bf ? attn_fa_kernel<128, true, 64> : attn_fa_kernel<128, false, 64>);
+}
 
 /* Head-size buckets: registers per lane = ceil(head_size / 32) rounded up to one of these. */
 struct bucket {
@@ -1530,18 +1718,17 @@ const bucket *find_bucket(int head_size)
 
 } // namespace
 
-pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
+pa_status pa_cu_attn_prepare(pa_cu_ctx *ctx)
 {
-    /* the cp.async decode variants' rings (64 KB at head 128 with 2 stages) */
-    for (int v = PA_CU_DEC_MMAT_CP2; v <= PA_CU_DEC_MMAT_CP3; v++)
-        for (int d = 64; d <= 128; d += 64)
-            for (int bf = 0; bf < 2; bf++) {
-                const dec_fn fn = dec_pick_mma_any(v, d, bf != 0);
-                const size_t need = dec_ring_bytes(v, d, fn);
-                if (fn && need > 48 * 1024 && need <= ctx->smem_optin)
-                    PA_CU_TRY(cudaFuncSetAttribute((const void *)fn,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
-            }
+    /* the FlashAttention-2 style prefill tiles need up to 102 KB of shared memory (head 128) */
+    ctx->fa_ok = fa_smem_bytes(128, 64) <= ctx->smem_optin;
+    for (int d = 64; ctx->fa_ok && d <= 128; d += 64)
+        for (int bn = 32; bn <= 64; bn += 32)
+            for (int bf = 0; bf < 2; bf++)
+                if (fa_smem_bytes(d, bn) > 48 * 1024)
+                    PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, bf != 0, bn),
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)fa_smem_bytes(d, bn)));
     for (const bucket &b : kBuckets) {
         size_t need = pa_cu_attn_smem(b.max_d);
         if (need > ctx->smem_optin) need = ctx->smem_optin;
@@ -1576,7 +1763,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pa_cu_attn_params pd = *p;
         pd.items = plan->small_items;
         dim3 grid((unsigned)n_dec, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH(dec, grid, DEC_THREADS, dec_ring_bytes(ctx->decode_variant, p->head_size, dec), ctx->stream, pd);
+        PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
     }
     if (n_simt > 0) {
@@ -1590,13 +1777,17 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pa_cu_attn_params pm = *p;
         pm.items = plan->mitems;
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
-        const bool ldm = ctx->prefill_ldm;
-        if (p->head_size == 64) {
-            if (ldm) PA_CU_LAUNCH((attn_mma_kernel<64, true>), grid, 128, 0, ctx->stream, pm);
-            else PA_CU_LAUNCH((attn_mma_kernel<64, false>), grid, 128, 0, ctx->stream, pm);
+        const int v = ctx->prefill_variant;
+        const bool bf = p->cache_dtype == PA_DTYPE_BF16;
+        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA32) && p->vec8 && ctx->fa_ok) {
+            /* FlashAttention-2 style tiles: 4 warps x 32 rows */
+            const int bn = v == PA_CU_PF_FA32 ? 32 : 64;
+            const fa_fn fn = fa_pick(p->head_size, bf, bn);
+            PA_CU_LAUNCH(fn, grid, 128, fa_smem_bytes(p->head_size, bn), ctx->stream, pm);
         } else {
-            if (ldm) PA_CU_LAUNCH((attn_mma_kernel<128, true>), grid, 128, 0, ctx->stream, pm);
-            else PA_CU_LAUNCH((attn_mma_kernel<128, false>), grid, 128, 0, ctx->stream, pm);
+            /* the first tensor-core tiles: 8 warps x 16 rows */
+            if (p->head_size == 64) PA_CU_LAUNCH((attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);
+            else PA_CU_LAUNCH((attn_mma_kernel<128>), grid, 256, 0, ctx->stream, pm);
         }
         PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }

@@ -141,14 +141,20 @@ typedef struct pa_cu_ctx {
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
-    bool prefill_ldm;   /* tensor-core prefill fragments by ldmatrix (PAGEDATTN_CUDA_PREFILL=lds: off) */
+    int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
+    bool fa_ok;          /* the device gives attn_fa_kernel its shared memory */
 } pa_cu_ctx;
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4|
- * mmat-cp2|mmat-cp3, for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT
- * kernel, simt = the decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T),
- * -pf = with L2 prefetch of the next step, mmat4 = capped at 128 registers, -cp2/-cp3 = loads by
- * cp.async through a per-warp shared ring 2/3 steps deep (not yet run on a GPU). The tensor-core ones apply to
+/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa32|ldm, for A/B runs): fa =
+ * FlashAttention-2 style tiles (4 warps x 32 rows, 64-key chunks; fa32: 32-key chunks), ldm =
+ * the first tensor-core tiles (8 warps x 16 rows, 32-key chunks, ldmatrix fragments). fa needs
+ * 16-byte cache loads; without them ldm runs. */
+enum { PA_CU_PF_FA, PA_CU_PF_FA32, PA_CU_PF_LDM };
+
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
+ * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the
+ * decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T), -pf = with L2
+ * prefetch of the next step, mmat4 = capped at 128 registers. The tensor-core ones apply to
  * 16-bit q == cache dtype and head size 64/128; other layers take simt. */
 enum {
     PA_CU_DEC_OFF,
@@ -157,8 +163,6 @@ enum {
     PA_CU_DEC_MMAT_PF,
     PA_CU_DEC_MMAT4_PF,
     PA_CU_DEC_MMAT4,
-    PA_CU_DEC_MMAT_CP2, /* mmat with loads by cp.async into a per-warp ring of 2 / 3 steps */
-    PA_CU_DEC_MMAT_CP3,
 };
 /* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, mmat-pf
  * 58.8%, the general SIMT kernel 17.4% (NOTES.md) */
@@ -216,7 +220,7 @@ typedef struct pa_cu_plan {
 #define PA_CU_ROWS_PER_WARP 2
 #define PA_CU_TILE_ROWS (PA_CU_WARPS * PA_CU_ROWS_PER_WARP)
 #define PA_CU_KCHUNK 32
-#define PA_CU_MMA_ROWS 64 /* tensor-core tile: 4 warps x 16 rows */
+#define PA_CU_MMA_ROWS 128 /* tensor-core prefill tile rows */
 #define PA_CU_MAXH 256 /* heads with per-head data (ALiBi, sinks, block-sparse) */
 /* Split rule for decode-like sequences (query_len <= PA_CU_SPLIT_MAX_Q): keys are split into
  * pieces of PA_CU_SPLIT_KEYS (at most PA_CU_MAX_SPLITS pieces, longer pieces beyond), a
@@ -251,6 +255,7 @@ typedef struct pa_cu_attn_params {
     const void *kc, *vc; /* cache pools */
     int64_t c_block, c_token, c_head;
     int32_t c_bs;
+    int32_t c_bs_log2; /* log2(c_bs) when c_bs is a power of two, else -1 */
     void *out;
     int64_t out_rs;
     float *lse;
@@ -268,7 +273,7 @@ typedef struct pa_cu_attn_params {
 } pa_cu_attn_params;
 
 /* Launchers (cuda_attn.cu). */
-pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx);
+pa_status pa_cu_attn_prepare(pa_cu_ctx *ctx);
 pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
                             const pa_cu_attn_params *p);
 

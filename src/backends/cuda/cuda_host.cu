@@ -128,7 +128,7 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
         ctx->use_mma = !(e && e[0] == '0');
         /* PAGEDATTN_CUDA_DECODE: which kernel short queries take (for A/B runs) */
-        static const char *const names[] = {"off", "simt", "mmat", "mmat-pf", "mmat4-pf", "mmat4", "mmat-cp2", "mmat-cp3"};
+        static const char *const names[] = {"off", "simt", "mmat", "mmat-pf", "mmat4-pf", "mmat4"};
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
         ctx->decode_variant = PA_CU_DEC_DEFAULT;
         for (int i = 0; d && i < (int)(sizeof names / sizeof names[0]); i++)
@@ -138,10 +138,12 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *sk = getenv("PAGEDATTN_CUDA_SPLIT_KEYS");
         const long v = sk ? strtol(sk, NULL, 10) : 0;
         ctx->split_keys = v >= 64 && v <= 8192 && v % 32 == 0 ? (int)v : PA_CU_SPLIT_KEYS;
-        /* PAGEDATTN_CUDA_PREFILL=ldm|lds: prefill fragments by ldmatrix (default: 41.1 against
-         * 39.3 TFLOP/s on an H200) or by plain shared loads */
+        /* PAGEDATTN_CUDA_PREFILL=fa|fa32|ldm: the tensor-core prefill kernel (A/B runs) */
+        static const char *const pnames[] = {"fa", "fa32", "ldm"};
         const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");
-        ctx->prefill_ldm = !(pf && !strcmp(pf, "lds"));
+        ctx->prefill_variant = PA_CU_PF_FA;
+        for (int i = 0; pf && i < (int)(sizeof pnames / sizeof pnames[0]); i++)
+            if (!strcmp(pf, pnames[i])) ctx->prefill_variant = i;
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -591,6 +593,9 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
             /* Every sequence has zero keys here (no table rows): the kernel never reads one. */
             P.c_bs = P.c_bs > 0 ? P.c_bs : 1;
         }
+        P.c_bs_log2 = -1; /* a power-of-two block size: table index and offset by shift and mask */
+        for (int sh = 0; sh < 31; sh++)
+            if (P.c_bs == (int32_t)1 << sh) P.c_bs_log2 = sh;
         st = pa_cu_attn_launch(ctx, p, &P);
     }
 

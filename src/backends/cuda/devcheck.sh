@@ -48,9 +48,14 @@ finish() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >"$LOGS/gpu.txt" 2>&1
 cat "$LOGS/gpu.txt"
 
-step configure 90 cmake -S . -B "$BUILD" $GEN -DPAGEDATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_TOOLS=ON || finish
-step build 240 cmake --build "$BUILD" -j"$JOBS" || finish
+if [ -n "${PREBUILT:-}" ]; then
+    # binaries built elsewhere with nvcc (same flags; see devpack.sh): no compile on the GPU machine
+    export LD_LIBRARY_PATH="$ROOT/$BUILD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    step configure 90 cmake -S . -B "$BUILD" $GEN -DPAGEDATTN_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_TOOLS=ON || finish
+    step build 240 cmake --build "$BUILD" -j"$JOBS" || finish
+fi
 
 CLI="$BUILD/tools/pagedattn"
 T="$BUILD/tests"
@@ -63,11 +68,14 @@ step grid 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
-for v in simt mmat4 mmat-cp2 mmat-cp3; do
+for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
-PAGEDATTN_CUDA_PREFILL=lds step grid_lds 150 "$T/test_cuda_grid" &
+# every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
+for v in fa32 ldm; do
+    PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
+done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
 PAGEDATTN_CUDA_SWEEP="0x5EED 120" step sweep 150 "$T/test_cuda_grid" "(no grid case)" &
 for k in 256 1024; do # other decode split lengths
@@ -88,10 +96,12 @@ if [ -n "$SAN" ]; then
     step memcheck_splits 120 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_splits" &
     step memcheck_decode 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_PREFILL=lds step memcheck_lds 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_DECODE=mmat-cp2 step memcheck_cp2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DECODE=mmat-cp2 step racecheck_cp2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_PREFILL=fa32 step memcheck_fa32 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa32 step racecheck_fa32 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
@@ -104,20 +114,27 @@ fi
 # as shipped, then decode with each variant of the decode kernel and prefill without tensor
 # cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
-for v in mmat-cp2 mmat-cp3 mmat-pf mmat4 simt off; do
+for v in mmat-pf mmat4 simt off; do
     PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
 done
 for k in 256 1024; do
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
 done
 PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
-PAGEDATTN_CUDA_PREFILL=lds step bench_prefill_lds 90 "$CLI" bench --backend cuda --cases prefill
+for v in fa32 ldm; do
+    PAGEDATTN_CUDA_PREFILL=$v step bench_prefill_$v 90 "$CLI" bench --backend cuda --cases prefill
+done
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1; then
     step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
+    # and on one launch of the prefill kernel (tensor-pipe use, issue rate, stalls)
+    step ncu_prefill 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 \
+        --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section LaunchStats --section InstructionStats \
+        "$CLI" bench --backend cuda --cases prefill
 fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
