@@ -465,6 +465,21 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 #endif
 
+/* Two floats rounded to 16 bits (RNE) and packed, lo first: one cvt.rn.bf16x2/f16x2. */
+__device__ __forceinline__ uint32_t pack2_16(float lo, float hi, bool bf16)
+{
+#ifdef PA_CU_EMULATE
+    return pack16(f32_to_16(lo, bf16), f32_to_16(hi, bf16));
+#else
+    if (bf16) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *(const uint32_t *)&v;
+    }
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&v;
+#endif
+}
+
 /* 2^x by the special-function unit (ex2.approx, flush-to-zero: relative error ~2^-22, far below
  * the 16-bit rounding of P that follows it); exp2f on the emulator. */
 __device__ __forceinline__ float fast_exp2(float x)
@@ -969,15 +984,12 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
                 }
             }
         }
-        /* logits in log2 units; a chunk every row sees whole takes no mask (block-uniform) */
-        if (!feat && kb >= lo_b && kb + BN <= hi_a) {
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sc[mt][nt][e] *= sl2;
-        } else {
+        /* logits in log2 units are x * mul: a chunk every row sees whole (block-uniform) keeps
+         * the raw products (mul = scale log2 e, applied inside the exponent's FMA); the others
+         * are masked and transformed per element (mul = 1) */
+        const bool whole = !feat && kb >= lo_b && kb + BN <= hi_a;
+        const float mul = whole ? sl2 : 1.f;
+        if (!whole) {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -1009,35 +1021,30 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
             for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * i], sc[mt][nt][2 * i + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[r], mx);
+            const float m_new = fmaxf(m[r], mx * mul); /* mul > 0: the max of x * mul */
             alpha[r] = m_new == -INFINITY ? 1.f : fast_exp2(m[r] - m_new);
             m[r] = m_new;
         }
-        float rs[4] = {0.f, 0.f, 0.f, 0.f};
+        /* l: this lane's share of the row sum (its quad's four shares are added at the end) */
+#pragma unroll
+        for (int r = 0; r < 4; r++) l[r] *= alpha[r];
         uint32_t pa[2][BN / 16][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                uint16_t p16[4];
+                float pr[4];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 2 * mt + (e >> 1);
                     const float x = sc[mt][nt][e];
-                    const float pr = x == -INFINITY ? 0.f : fast_exp2(x - m[r]);
-                    rs[r] += pr;
-                    p16[e] = f32_to_16(pr, BF);
+                    pr[e] = x == -INFINITY ? 0.f : fast_exp2(fmaf(x, mul, -m[r]));
+                    l[r] += pr[e];
                 }
                 /* C layout of key tile nt -> A layout of key step nt / 2 */
-                pa[mt][nt >> 1][(nt & 1) * 2 + 0] = pack16(p16[0], p16[1]);
-                pa[mt][nt >> 1][(nt & 1) * 2 + 1] = pack16(p16[2], p16[3]);
+                pa[mt][nt >> 1][(nt & 1) * 2 + 0] = pack2_16(pr[0], pr[1], BF);
+                pa[mt][nt >> 1][(nt & 1) * 2 + 1] = pack2_16(pr[2], pr[3], BF);
             }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-            l[r] = l[r] * alpha[r] + rs[r];
-        }
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -1062,7 +1069,13 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     }
     cp_async_wait<0>(); /* nothing in flight when the block ends (an empty range loads only Q) */
 
-    /* finish each row: back to natural units, sinks once, normalize, store */
+    /* finish each row: the quad's sum shares added (every lane, before any leaves), back to
+     * natural units, sinks once, normalize, store */
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int mt = r >> 1, i = r & 1;
@@ -1779,9 +1792,9 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
         const int v = ctx->prefill_variant;
         const bool bf = p->cache_dtype == PA_DTYPE_BF16;
-        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA32) && p->vec8 && ctx->fa_ok) {
+        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA64) && p->vec8 && ctx->fa_ok) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const int bn = v == PA_CU_PF_FA32 ? 32 : 64;
+            const int bn = v == PA_CU_PF_FA64 ? 64 : 32;
             const fa_fn fn = fa_pick(p->head_size, bf, bn);
             PA_CU_LAUNCH(fn, grid, 128, fa_smem_bytes(p->head_size, bn), ctx->stream, pm);
         } else {

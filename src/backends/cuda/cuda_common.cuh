@@ -145,11 +145,11 @@ typedef struct pa_cu_ctx {
     bool fa_ok;          /* the device gives attn_fa_kernel its shared memory */
 } pa_cu_ctx;
 
-/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa32|ldm, for A/B runs): fa =
- * FlashAttention-2 style tiles (4 warps x 32 rows, 64-key chunks; fa32: 32-key chunks), ldm =
- * the first tensor-core tiles (8 warps x 16 rows, 32-key chunks, ldmatrix fragments). fa needs
- * 16-byte cache loads; without them ldm runs. */
-enum { PA_CU_PF_FA, PA_CU_PF_FA32, PA_CU_PF_LDM };
+/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa64|ldm, for A/B runs): fa =
+ * FlashAttention-2 style tiles (4 warps x 32 rows, 32-key chunks; fa64: 64-key chunks, which
+ * spill registers at head 128), ldm = the first tensor-core tiles (8 warps x 16 rows, 32-key
+ * chunks, ldmatrix fragments). fa needs 16-byte cache loads; without them ldm runs. */
+enum { PA_CU_PF_FA, PA_CU_PF_FA64, PA_CU_PF_LDM };
 
 /* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
  * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the

@@ -73,7 +73,7 @@ for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
-for v in fa32 ldm; do
+for v in fa64 ldm; do
     PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
@@ -98,8 +98,8 @@ if [ -n "$SAN" ]; then
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa32 step memcheck_fa32 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa32 step racecheck_fa32 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa64 step memcheck_fa64 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa64 step racecheck_fa64 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
@@ -121,7 +121,7 @@ for k in 256 1024; do
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
 done
 PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
-for v in fa32 ldm; do
+for v in fa64 ldm; do
     PAGEDATTN_CUDA_PREFILL=$v step bench_prefill_$v 90 "$CLI" bench --backend cuda --cases prefill
 done
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
