@@ -45,7 +45,7 @@ static void make_info(void)
     (void)cudaRuntimeGetVersion(&rt);
     (void)cudaDriverGetVersion(&drv);
     int len = snprintf(g_info, sizeof g_info,
-                       "cuda: checked on an NVIDIA H200 (sm_90) with src/backends/cuda/devcheck.sh "
+                       "cuda: checked on NVIDIA H200 and H100 (sm_90) with src/backends/cuda/devcheck.sh "
                        "(case grid, compute-sanitizer memcheck and racecheck); never run on sm_80\n"
                        "cuda: runtime %d.%d, driver %d.%d; tensor-core decode and prefill tiles "
                        "for 16-bit q == cache dtype (head 64/128), SIMT kernels for the rest\n",
