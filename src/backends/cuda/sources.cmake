@@ -41,11 +41,14 @@ if(NOT _pa_cuda_mode STREQUAL "OFF")
     list(APPEND PA_PRIVATE_DEFS PAGEDATTN_HAVE_CUDA)
 
     # nvcc: hidden host symbols (the library exports only PA_API), line info for
-    # compute-sanitizer, warnings from the host compiler. No fast-math: the numerics contract
-    # needs IEEE expf/logf/tanhf and correctly rounded division.
+    # compute-sanitizer, warnings from the host compiler, the architectures compiled in parallel
+    # (--threads 0: one job per target; the attention kernels are the build's longest step). No
+    # fast-math: the numerics contract needs IEEE expf/logf/tanhf and correctly rounded division
+    # (the one approximate function, ex2.approx in the prefill tiles, makes probabilities that
+    # are rounded to 16 bits next, and is called explicitly there).
     file(GLOB _pa_cuda_cu CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cu)
     set_source_files_properties(${_pa_cuda_cu} PROPERTIES COMPILE_OPTIONS
-      "-lineinfo;-Xcompiler=-fvisibility=hidden,-fno-threadsafe-statics,-fno-exceptions,-Wall")
+      "-lineinfo;--threads=0;-Xcompiler=-fvisibility=hidden,-fno-threadsafe-statics,-fno-exceptions,-Wall")
 
     # Static CUDA runtime by absolute path, so the installed CMake export and pkg-config need
     # no FindCUDAToolkit on the consumer's side.
