@@ -4,7 +4,7 @@
 
 const struct pa_backend pa__backend_cuda = {
     .name = "cuda",
-    .description = "NVIDIA GPUs through the CUDA runtime (sm_80/sm_90 builds; checked on an H200)",
+    .description = "NVIDIA GPUs through the CUDA runtime (sm_80/sm_90 builds; checked on an H200 and an H100)",
     .preferred_layout = PA_LAYOUT_NHD,
     .memory = PA_MEMORY_CUDA,
     .available = pa__cuda_available,
