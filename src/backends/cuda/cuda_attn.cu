@@ -1731,14 +1731,14 @@ const bucket *find_bucket(int head_size)
 
 } // namespace
 
-pa_status pa_cu_attn_prepare(pa_cu_ctx *ctx)
+pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
 {
-    /* the FlashAttention-2 style prefill tiles need up to 102 KB of shared memory (head 128) */
-    ctx->fa_ok = fa_smem_bytes(128, 64) <= ctx->smem_optin;
-    for (int d = 64; ctx->fa_ok && d <= 128; d += 64)
+    /* the FlashAttention-2 style prefill tiles take 54-102 KB of shared memory; a device that
+     * cannot give one of them its share runs the ldm tiles there (see pa_cu_attn_launch) */
+    for (int d = 64; d <= 128; d += 64)
         for (int bn = 32; bn <= 64; bn += 32)
             for (int bf = 0; bf < 2; bf++)
-                if (fa_smem_bytes(d, bn) > 48 * 1024)
+                if (fa_smem_bytes(d, bn) > 48 * 1024 && fa_smem_bytes(d, bn) <= ctx->smem_optin)
                     PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, bf != 0, bn),
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)fa_smem_bytes(d, bn)));
@@ -1792,9 +1792,10 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
         const int v = ctx->prefill_variant;
         const bool bf = p->cache_dtype == PA_DTYPE_BF16;
-        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA64) && p->vec8 && ctx->fa_ok) {
+        const int bn = v == PA_CU_PF_FA64 ? 64 : 32;
+        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA64) && p->vec8 &&
+            fa_smem_bytes(p->head_size, bn) <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const int bn = v == PA_CU_PF_FA64 ? 64 : 32;
             const fa_fn fn = fa_pick(p->head_size, bf, bn);
             PA_CU_LAUNCH(fn, grid, 128, fa_smem_bytes(p->head_size, bn), ctx->stream, pm);
         } else {

@@ -142,7 +142,6 @@ typedef struct pa_cu_ctx {
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
-    bool fa_ok;          /* the device gives attn_fa_kernel its shared memory */
 } pa_cu_ctx;
 
 /* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa64|ldm, for A/B runs): fa =
@@ -273,7 +272,7 @@ typedef struct pa_cu_attn_params {
 } pa_cu_attn_params;
 
 /* Launchers (cuda_attn.cu). */
-pa_status pa_cu_attn_prepare(pa_cu_ctx *ctx);
+pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx);
 pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
                             const pa_cu_attn_params *p);
 
