@@ -353,7 +353,7 @@ static void build_decode_cases(void)
     c.cache = PA_DTYPE_FP8_E4M3, c.layout = LAYOUT_HND, c.sw = 40;
     push(c, "decode");
     /* long queries over a 16-bit cache at head size 128: a device backend's tensor-core tiles
-     * (several 64-row tiles per sequence, key chunks crossing blocks, a chunk after a context) */
+     * (several 128-row tiles per sequence, key chunks crossing blocks, a chunk after a context) */
     c = base_case();
     c.D = 128, c.H = 8, c.Hkv = 2, c.cache = PA_DTYPE_BF16, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
     c.nseq = 3;

@@ -855,8 +855,9 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
  * (P.vec8). A block of 4 warps takes PA_CU_MMA_ROWS = 128 rows (warp w: rows 32w .. 32w + 31 as
  * two 16-row m-tiles, so every K/V fragment read from shared memory feeds two mma), the tile's
  * Q rows in shared memory, keys in chunks of BN (aligned to multiples of BN from key 0) double-
- * buffered by cp.async. Scores and the online softmax run in base 2 (the scale times log2 e is
- * folded into one multiply; m is kept in log2 units and turned back for sinks and the LSE).
+ * buffered by cp.async. Scores and the online softmax run in base 2 (the scale times log2 e
+ * goes into the exponent's FMA on whole chunks, into logit()'s result on masked ones; m is kept
+ * in log2 units and turned back for sinks and the LSE).
  * Only chunks that some row masks (the causal diagonal, a window's edge, the end of the keys)
  * or layers with a soft-cap, ALiBi or a block-sparse pattern evaluate the mask and logit()
  * per element; every other chunk is the plain scaled product. P is rounded to the cache dtype
