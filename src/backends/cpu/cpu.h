@@ -61,6 +61,13 @@ static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, 
     }
 }
 
+/* Locality of the prefill kernels' prefetches: the rows of the next step, asked for while a
+ * qk_t or pv call computes. 2 (PREFETCHT1): measured faster than 3 for f32 prefill, and equal
+ * for bf16; 3 (into L1) competes with the tiles the kernels are working on. */
+#ifndef CPU_PPFL
+#  define CPU_PPFL 2
+#endif
+
 /* The part [g * n / ng, (g + 1) * n / ng) of pf, for group g of ng (NULL stays NULL). */
 static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
 {
@@ -72,6 +79,19 @@ static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
         r.bytes = pf->bytes;
     }
     return r;
+}
+
+/* Prefetches part g of ng of pf (every line of its rows) at locality CPU_PPFL: a prefill kernel
+ * calls it once per block of its work, g = 0 .. ng - 1, so the rows arrive spread over the call
+ * instead of in one burst (which stalls on the miss buffers as long as the loads it replaces). */
+static inline __attribute__((always_inline)) void pf_share(const pa__cpu_pf *pf, int g, int ng)
+{
+    if (!pf) return;
+    pa__cpu_pf r = pf_part(pf, g, ng);
+    for (int i = 0; i < r.n; i++) {
+        uintptr_t a = (uintptr_t)r.rows[i] & ~(uintptr_t)63, e = (uintptr_t)r.rows[i] + (uintptr_t)r.bytes;
+        for (; a < e; a += 64) __builtin_prefetch((const void *)a, 0, CPU_PPFL);
+    }
 }
 
 /* The hot loops; the generic table is always filled, ISA files override entries. All fp32
@@ -90,15 +110,18 @@ typedef struct pa__cpu_kernels {
     /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c].
      * A listed column may hold masked entries (-0) for some rows; the ISA kernels multiply them
      * (a no-op for finite V), so the driver sends a tile where such a column has a NaN or inf in
-     * V to pa__cpu_pv_masked instead (a masked key must never reach the row). */
+     * V to pa__cpu_pv_masked instead (a masked key must never reach the row). pf (NULL: none):
+     * rows the driver reads next (the next tile's K rows), prefetched by pf_share over the call. */
     void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-               const float *alpha, const unsigned char *colmask, float *o);
+               const float *alpha, const unsigned char *colmask, float *o, const struct pa__cpu_pf *pf);
     /* Optional (NULL: load_rows + qk). Prefill tiles: kt[j * CPU_KT + i] = convert(rows[i][j])
      * (transposed, zero for j >= d and for i in [n, n rounded up to 16)); then
      * S[r][c] = dot(Q[r], K[c]) as outer products (no horizontal sums); S columns up to nc
-     * rounded up to 16 are written. */
+     * rounded up to 16 are written. pf (NULL: none): rows to prefetch over the call, as for pv
+     * (the driver passes this tile's V rows). */
     void (*load_rows_t)(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *kt);
-    void (*qk_t)(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds);
+    void (*qk_t)(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                 const struct pa__cpu_pf *pf);
     /* Optional (NULL: convert to scratch with load_rows, then qk / pv). The same products
      * straight from the cache rows, converting in registers; only for head_size % 16 == 0
      * (so dp == d) and short tiles (decode). pf (NULL: none) names the rows that the next call
@@ -117,9 +140,9 @@ typedef struct pa__cpu_kernels {
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
      * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
      * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
-     * S[r][c] = scale * dot(Q16[r], K[c]) for c < nc rounded up to 16. d even. */
+     * S[r][c] = scale * dot(Q16[r], K[c]) for c < nc rounded up to 16. d even. pf as for qk_t. */
     void (*qk_t_bf16)(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
-                      int lds);
+                      int lds, const struct pa__cpu_pf *pf);
     bool pf_spread;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
@@ -136,7 +159,7 @@ static inline bool pa__cpu_masked(float p)
 /* The generic pv (every table's fallback), which skips masked entries row by row: exact for any
  * V, NaN and inf included. */
 void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                       const float *alpha, const unsigned char *colmask, float *o);
+                       const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf);
 #if defined(__x86_64__) || defined(_M_X64)
 #  define PA__CPU_X86 1
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);

@@ -358,8 +358,12 @@ static void run_item(void *arg, int64_t index, int thread)
             if (!any) continue;
 
             int64_t ne = e + kt < uhi ? e + kt : uhi;
-            /* prefill tiles: no software prefetch (the next tile's rows, all at once, measured
-             * slower: bf16 1 x 1024 prefill +4% CPU time; the HW prefetchers follow them) */
+            /* prefill tiles (transposed): this tile's V rows are prefetched while QK computes, the
+             * next tile's K rows while PV computes, each spread over the kernel call (pf_share).
+             * The copies of the tile had waited on memory: ~12% of a 2048-token f32 prefill in
+             * load_rows and load_rows_t, ~5% after; all at once before the call, the prefetches
+             * had stalled as long as the loads they replaced. */
+            pa__cpu_pf pfkr = {nkr[0], 0, (int)row_bytes};
             if (direct) {
                 for (int k = 0; k < it->nkv; k++) key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
                 /* the first heads' K rows of the next tile, for the prefetch at the tile's end */
@@ -384,15 +388,18 @@ static void run_item(void *arg, int64_t index, int thread)
                         K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else
                         K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
-                } else if (transposed && q16 && K->qk_t_bf16 && d % 2 == 0) {
-                    /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
-                    key_rows(&ks[k], false, a, nc, sc->rows);
-                    K->load_rows_t(PA_DTYPE_F32, sc->rows, nc, d / 2, dp / 2, kk);
-                    K->qk_t_bf16(sc->q16 + (size_t)k * nrk * dp, nrk, (const uint32_t *)kk, nc, dp, qsc, sk, CPU_KT);
                 } else if (transposed) {
-                    key_rows(&ks[k], false, a, nc, sc->rows);
-                    K->load_rows_t(ks[k].dtype, sc->rows, nc, d, dp, kk);
-                    K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
+                    key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
+                    pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes};
+                    if (q16 && K->qk_t_bf16 && d % 2 == 0) {
+                        /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
+                        K->load_rows_t(PA_DTYPE_F32, kr[k], nc, d / 2, dp / 2, kk);
+                        K->qk_t_bf16(sc->q16 + (size_t)k * nrk * dp, nrk, (const uint32_t *)kk, nc, dp, qsc, sk,
+                                     CPU_KT, &pfvr);
+                    } else {
+                        K->load_rows_t(ks[k].dtype, kr[k], nc, d, dp, kk);
+                        K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT, &pfvr);
+                    }
                 } else {
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
@@ -442,17 +449,22 @@ static void run_item(void *arg, int64_t index, int thread)
                          * head at a time through the start of the V scratch */
                         if (pf) prefetch_rows(pf->rows, pf->n, row_bytes);
                         K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
-                        pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok);
+                        pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok, NULL);
                     } else {
                         K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
                     }
                 } else {
-                    key_rows(&ks[k], true, a, nc, sc->rows);
-                    K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, vv);
-                    if (cm && rows_nonfinite(ks[k].dtype, sc->rows, nc, d))
-                        pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok);
+                    const void *const *vrows = vr[k];
+                    if (!transposed) key_rows(&ks[k], true, a, nc, vr[k]);
+                    K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
+                    /* the next tile's K rows of this head (transposed tiles; read next) */
+                    pfkr.n = transposed && e < uhi ? (int)(ne - e) : 0;
+                    if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
+                    const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
+                    if (cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))
+                        pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);
                     else
-                        K->pv(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok);
+                        K->pv(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);
                 }
             }
         }

@@ -61,9 +61,10 @@ static float g_exp_row(float *s, int n, float m)
 }
 
 void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                       const float *alpha, const unsigned char *colmask, float *o)
+                       const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     for (int r = 0; r < nr; r++) {
+        pf_share(pf, r, nr);
         float *orow = o + (size_t)r * dp;
         const float *pr = p + (size_t)r * ldp;
         float a = alpha[r];

@@ -235,12 +235,16 @@ PA__INLINE void qkt_block(int R, const float *q, const float *kt, int c0, int dp
     }
 }
 
-static void n_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
+static void n_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                   const pa__cpu_pf *pf)
 {
     int n16 = (nc + 15) & ~15, r = 0;
-    for (; r + 4 <= nr; r += 4)
+    if (nr < 4) pf_share(pf, 0, 1);
+    for (; r + 4 <= nr; r += 4) {
+        pf_share(pf, r / 4, nr / 4); /* one share per 4 rows */
         for (int c0 = 0; c0 < n16; c0 += 16)
             qkt_block(4, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+    }
     for (; r < nr; r++)
         for (int c0 = 0; c0 < n16; c0 += 16)
             qkt_block(1, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
@@ -324,11 +328,13 @@ static float n_exp_row(float *s, int n, float m)
     } while (0)
 
 static void n_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                 const float *alpha, const unsigned char *colmask, float *o)
+                 const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     int r = 0;
-    /* 4 rows x 16 dimensions: 16 accumulators */
+    if (nr < 4) pf_share(pf, 0, 1);
+    /* 4 rows x 16 dimensions: 16 accumulators; pf one share per 4 rows */
     for (; r + 4 <= nr; r += 4) {
+        pf_share(pf, r / 4, nr / 4);
         const float *p0 = p + (size_t)r * ldp;
         float *o0 = o + (size_t)r * dp;
         for (int j = 0; j < dp; j += 16)

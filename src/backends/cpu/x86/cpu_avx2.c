@@ -275,11 +275,18 @@ static inline __attribute__((always_inline)) void qkt_block(int R, const float *
     }
 }
 
-static void a2_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
+/* pf: spread over the 6-row blocks, one share per block of 16 keys (the rest of the rows, when
+ * nr is not a multiple of 6, take none) */
+static void a2_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                    const pa__cpu_pf *pf)
 {
-    int n16 = (nc + 15) & ~15, r = 0, r6 = rows6(nr);
+    int n16 = (nc + 15) & ~15, r = 0, r6 = rows6(nr), g = 0, ng = r6 / 6 * (n16 / 16);
+    if (!ng) pf_share(pf, 0, 1);
     for (; r < r6; r += 6)
-        for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(6, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+        for (int c0 = 0; c0 < n16; c0 += 16) {
+            pf_share(pf, g++, ng);
+            qkt_block(6, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+        }
     for (; r + 4 <= nr; r += 4)
         for (int c0 = 0; c0 < n16; c0 += 16) qkt_block(4, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
     for (; r < nr; r++)
@@ -491,12 +498,16 @@ static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const
  * the mask, for every key (32 instructions per 12 FMAs; 24 now, as in qkt_block) */
 static inline __attribute__((always_inline)) void pv6_rows(const float *p, int ldp, int r6, const float *v,
                                                            int nc, int dp, const float *alpha,
-                                                           const unsigned char *colmask, float *o)
+                                                           const unsigned char *colmask, float *o,
+                                                           const pa__cpu_pf *pf)
 {
+    int g = 0, ng = r6 / 6 * (dp / 16);
+    if (!ng) pf_share(pf, 0, 1);
     for (int r = 0; r < r6; r += 6) {
         const float *p0 = p + (size_t)r * ldp;
         float *o0 = o + (size_t)r * dp;
         for (int j = 0; j < dp; j += 16) {
+            pf_share(pf, g++, ng); /* one share per block of 6 rows x 16 dims */
             __m256 a[6][2];
             for (int i = 0; i < 6; i++) {
                 __m256 al = _mm256_set1_ps(alpha[r + i]);
@@ -522,12 +533,12 @@ static inline __attribute__((always_inline)) void pv6_rows(const float *p, int l
 }
 
 static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
-                  const float *alpha, const unsigned char *colmask, float *o)
+                  const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     int r = rows6(nr);
-    if (ldp == CPU_KT && !colmask) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, NULL, o);
-    else if (ldp == CPU_KT) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, colmask, o);
-    else pv6_rows(p, ldp, r, v, nc, dp, alpha, colmask, o);
+    if (ldp == CPU_KT && !colmask) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, NULL, o, pf);
+    else if (ldp == CPU_KT) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, colmask, o, pf);
+    else pv6_rows(p, ldp, r, v, nc, dp, alpha, colmask, o, pf);
     /* the rest: the decode PV body over dense fp32 rows */
     if (r < nr)
         pv_src_body(PA_DTYPE_F32, NULL, v, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask,

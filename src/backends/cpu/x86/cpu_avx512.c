@@ -264,10 +264,11 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
  * as variables the key loop of the AVX2 twin reloaded row offsets from the stack, and this one
  * multiplied by dp from the stack for every key) */
 static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
-                  const unsigned char *colmask, float *o)
+                  const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
-    if (ldp == CPU_KT && !colmask) pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, NULL);
-    else pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, NULL);
+    /* pf: pvz_all spreads it over its row groups (as the decode rows, at CPU_KPFL) */
+    if (ldp == CPU_KT && !colmask) pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, pf);
+    else pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
@@ -303,10 +304,12 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
     if (c0 < n16) qktz_block(R, 1, q, kt, c0, dp, s, lds);
 }
 
-static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds)
+static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                    const pa__cpu_pf *pf)
 {
     int n16 = (nc + 15) & ~15;
     for (int r = 0; r < nr; r += 6) {
+        pf_share(pf, r / 6, (nr + 5) / 6); /* one share per 6 rows */
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 6 ? nr - r : 6) {

@@ -127,10 +127,11 @@ AI void qktb_rows(int R, const uint16_t *q, const uint32_t *kt2, int n16, int dp
 }
 
 static void a5b_qk_t_bf16(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
-                          int lds)
+                          int lds, const pa__cpu_pf *pf)
 {
     int n16 = (nc + 15) & ~15;
     for (int r = 0; r < nr; r += 6) {
+        pf_share(pf, r / 6, (nr + 5) / 6); /* one share per 6 rows */
         const uint16_t *qr = q16 + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 6 ? nr - r : 6) {
