@@ -169,7 +169,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
         for (int u = 0; u < NV; u++) _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, acc[h * NV + u]);
 }
 
-/* R rows (1..6) over all dims: chunks of NVmax = 12 / R vectors (at most 8), the last chunk
+/* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8), the last chunk
  * narrower; pf's rows prefetched before each chunk in proportion to its width. */
 AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
@@ -204,7 +204,9 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
     }
 }
 
-/* Rows in groups of G (4 for decode, 6 for prefill tiles), the rest as one smaller group, over
+/* Rows in groups of G (4 for decode, 12 for prefill tiles: one 16-dim vector per row, so each
+ * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t), the rest
+ * in groups of at most 6, over
  * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
  * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
 AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
@@ -224,13 +226,19 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
         const void *const *vrc = vr ? vr + c0 : NULL;
         const float *vdc = vd ? vd + (size_t)c0 * dp : NULL, *al = c0 == 0 ? alpha : NULL;
         const pa__cpu_pf *pfc = c0 == 0 ? pf : NULL;
-        int ng = (nr + G - 1) / G;
-        for (int r = 0; r < nr; r += G) {
-            pa__cpu_pf part = pf_part(pfc, r / G, ng);
+        for (int r = 0, take; r < nr; r += take) {
+            /* a whole group, else the rest in groups of at most 6 */
+            take = nr - r >= G ? G : (nr - r > 6 ? 6 : nr - r);
+            pa__cpu_pf part = {NULL, 0, 0};
+            if (pfc) { /* pf's rows in proportion to this group's rows */
+                int a = (int)((int64_t)r * pfc->n / nr), b = (int)((int64_t)(r + take) * pfc->n / nr);
+                part.rows = pfc->rows + a, part.n = b - a, part.bytes = pfc->bytes;
+            }
             const pa__cpu_pf *pp = pfc ? &part : NULL;
             const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
             float *orow = o + (size_t)r * dp;
-            switch (nr - r < G ? nr - r : G) {
+            switch (take) {
+            case 12: pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 6: pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 5: pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 4: pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
@@ -267,8 +275,8 @@ static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
                   const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     /* pf: pvz_all spreads it over its row groups (as the decode rows, at CPU_KPFL) */
-    if (ldp == CPU_KT && !colmask) pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, pf);
-    else pvz_all(6, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    if (ldp == CPU_KT && !colmask) pvz_all(12, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, pf);
+    else pvz_all(12, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
@@ -304,12 +312,24 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
     if (c0 < n16) qktz_block(R, 1, q, kt, c0, dp, s, lds);
 }
 
+/* 12 rows x 16 keys: each broadcast query element feeds one FMA, so the compiler folds it into
+ * the FMA as an embedded broadcast ({1to16}). With 6 rows x 32 keys each broadcast fed two FMAs
+ * and stayed a separate vbroadcastss, which llvm-mca 19's Zen 4 model (-mcpu=znver4) runs on the
+ * FP1 pipe beside the FMAs: 18 cycles per 12 FMAs, against 12 with embedded broadcasts (its Zen 3
+ * model puts the 256-bit broadcasts of the AVX2 twin on FP1/FP2 and gives 6 cycles per 12 FMAs,
+ * which the AVX2 kernel measures). Not timed on hardware: no AVX-512 machine here. The sums of
+ * each row are the same FMAs in the same order whichever block the row is in. */
 static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
                     const pa__cpu_pf *pf)
 {
-    int n16 = (nc + 15) & ~15;
-    for (int r = 0; r < nr; r += 6) {
-        pf_share(pf, r / 6, (nr + 5) / 6); /* one share per 6 rows */
+    int n16 = (nc + 15) & ~15, r = 0, ng = (nr + 11) / 12;
+    for (; r + 12 <= nr; r += 12) {
+        pf_share(pf, r / 12, ng); /* one share per 12 rows */
+        for (int c0 = 0; c0 < n16; c0 += 16)
+            qktz_block(12, 1, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+    }
+    if (r < nr) pf_share(pf, ng - 1, ng);
+    for (; r < nr; r += 6) {
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 6 ? nr - r : 6) {
