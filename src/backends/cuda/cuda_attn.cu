@@ -67,6 +67,28 @@ __device__ __forceinline__ void key_range(const pa_cu_attn_params &P, int64_t p,
     *hi = b;
 }
 
+/* A query tile of sequence s: rows [row_begin, row_end) (row = token * group + head in group, at
+ * most `rows` of them from row0), the sequence's query start, context and key lengths, and the key
+ * ranges of its first row [lo_a, hi_a) and last row [lo_b, hi_b). Ranges are monotone in the
+ * position, so [lo_a, hi_b) holds every key some row of the tile may see, and [lo_b, hi_a) the keys
+ * every row sees (when the window lets one exist). */
+struct tile_span {
+    int64_t q0, row_begin, row_end, c, kv_len, lo_a, hi_a, lo_b, hi_b;
+};
+
+__device__ __forceinline__ tile_span tile_span_of(const pa_cu_attn_params &P, int s, int64_t row0, int rows)
+{
+    tile_span t;
+    t.q0 = P.qstart[s];
+    t.row_begin = row0;
+    t.row_end = min(row0 + rows, (P.qstart[s + 1] - t.q0) * P.group);
+    t.c = P.ctx_lens[s];
+    t.kv_len = P.kv_lens[s];
+    key_range(P, t.c + row0 / P.group, t.kv_len, &t.lo_a, &t.hi_a);
+    key_range(P, t.c + (t.row_end - 1) / P.group, t.kv_len, &t.lo_b, &t.hi_b);
+    return t;
+}
+
 __device__ __forceinline__ bool blocksparse_visible(const pa_cu_attn_params &P, int h, int64_t p,
                                                     int64_t j)
 {
@@ -160,24 +182,16 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
     const int G = P.group;
     const int s = it.seq;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t q0 = P.qstart[s];
-    const int64_t qlen = P.qstart[s + 1] - q0;
-    const int64_t nrows = qlen * G;
-    const int64_t row_begin = it.row0;
-    const int64_t row_end = min(row_begin + PA_CU_TILE_ROWS, nrows);
-    const int64_t c = P.ctx_lens[s];
-    const int64_t kv_len = P.kv_lens[s];
+    /* keys any row of the tile may see: [lo_a, hi_b), within this split below */
+    const tile_span sp = tile_span_of(P, s, it.row0, PA_CU_TILE_ROWS);
+    const int64_t q0 = sp.q0, row_begin = sp.row_begin, row_end = sp.row_end, c = sp.c, kv_len = sp.kv_len;
     const int ns = P.nsplit[s];
     const int64_t klo = ns == 1 ? 0 : (int64_t)it.split * P.split_len[s];
     const int64_t khi = ns == 1 ? kv_len : min(kv_len, klo + (int64_t)P.split_len[s]);
     const bool from_cache = P.attn_type == PA_ATTN_DECODER ||
                             P.attn_type == PA_ATTN_ENCODER_DECODER;
 
-    /* Keys any row of the tile may see (ranges are monotone in p), within this split. */
-    int64_t lo_a, hi_a, lo_b, hi_b;
-    key_range(P, c + row_begin / G, kv_len, &lo_a, &hi_a);
-    key_range(P, c + (row_end - 1) / G, kv_len, &lo_b, &hi_b);
-    const int64_t kbeg = max(lo_a, klo), kend = min(hi_b, khi);
+    const int64_t kbeg = max(sp.lo_a, klo), kend = min(sp.hi_b, khi);
 
     /* The tile's queries. */
     for (int e = tid; e < PA_CU_TILE_ROWS * D; e += blockDim.x) {
@@ -651,13 +665,9 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
     const pa_cu_item it = P.items[blockIdx.x];
     const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
-    const int64_t row_begin = it.row0, row_end = min(row_begin + PA_CU_MMA_ROWS, nrows);
-    const int64_t c = P.ctx_lens[s], kv_len = P.kv_lens[s];
-
-    int64_t lo_a, hi_a, lo_b, hi_b;
-    key_range(P, c + row_begin / G, kv_len, &lo_a, &hi_a);
-    key_range(P, c + (row_end - 1) / G, kv_len, &lo_b, &hi_b);
+    const tile_span sp = tile_span_of(P, s, it.row0, PA_CU_MMA_ROWS);
+    const int64_t q0 = sp.q0, row_begin = sp.row_begin, row_end = sp.row_end, c = sp.c, kv_len = sp.kv_len;
+    const int64_t lo_a = sp.lo_a, hi_a = sp.hi_a, lo_b = sp.lo_b, hi_b = sp.hi_b;
     const int64_t kbeg = lo_a, kend = hi_b;
 
     /* this thread's two rows: r[0] = 16 * warp + g, r[1] = r[0] + 8 */
@@ -878,13 +888,9 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     const pa_cu_item it = P.items[gridDim.x - 1 - blockIdx.x];
     const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
-    const int64_t row_begin = it.row0, row_end = min(row_begin + PA_CU_MMA_ROWS, nrows);
-    const int64_t c = P.ctx_lens[s], kv_len = P.kv_lens[s];
-
-    int64_t lo_a, hi_a, lo_b, hi_b;
-    key_range(P, c + row_begin / G, kv_len, &lo_a, &hi_a);
-    key_range(P, c + (row_end - 1) / G, kv_len, &lo_b, &hi_b);
+    const tile_span sp = tile_span_of(P, s, it.row0, PA_CU_MMA_ROWS);
+    const int64_t q0 = sp.q0, row_begin = sp.row_begin, row_end = sp.row_end, c = sp.c, kv_len = sp.kv_len;
+    const int64_t lo_a = sp.lo_a, hi_a = sp.hi_a, lo_b = sp.lo_b, hi_b = sp.hi_b;
     const int64_t kbeg = lo_a, kend = hi_b;
     const int64_t chunk0 = kbeg < kend ? (kbeg / BN) * BN : kend;
     if (masked_v_nonfinite<D>(P, s, hk, chunk0, kend, lo_b, hi_a)) {
