@@ -120,10 +120,20 @@ static void decode_only(gcase *c, int32_t ctx_len, int nseq)
 
 static void build_geometry_cases(void)
 {
-    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {12, 3}};
+    /* groups up to 128 (MQA models: 32 or 71 query heads on one KV head) and past the cpu
+     * backend's 128 query rows per item (160 and 256 heads on one and two KV heads) */
+    static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {12, 3},
+                                       {32, 1}, {71, 1}, {48, 3}, {160, 1}, {256, 2}};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
         gcase c = base_case();
         c.H = heads[i][0], c.Hkv = heads[i][1];
+        push(c, "gqa");
+    }
+    {   /* wide-group decodes on a bf16 cache whose long contexts split their keys */
+        gcase c = base_case();
+        c.H = 64, c.Hkv = 2, c.D = 128, c.layout = LAYOUT_HND;
+        c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        decode_only(&c, 1500, 2);
         push(c, "gqa");
     }
     static const int32_t dims[] = {1, 7, 32, 80, 96, 112, 120, 128, 256, 512};
