@@ -21,6 +21,7 @@
 enum { LAYOUT_NHD, LAYOUT_HND, LAYOUT_INTERLEAVED, LAYOUT_PADDED };
 enum { LSE_NONE, LSE_TH, LSE_HT };
 #define MAX_SEQS 8
+#define MAX_HEADS 256 /* query heads of a case (the per-head arrays of ginputs) */
 
 typedef struct gseq {
     int32_t ctx, q, prefill, enc;
@@ -656,7 +657,7 @@ typedef struct ginputs {
     pa_layer *layer;
     pa_batch *batch;
     const pa_batch_metadata *md;
-    float alibi[64], sinks[64];
+    float alibi[MAX_HEADS], sinks[MAX_HEADS];
     int32_t tables[MAX_SEQS][1024];
     int32_t ntable[MAX_SEQS];
     int32_t xtables[MAX_SEQS][256];
@@ -687,6 +688,7 @@ static pa_status make_layer(ginputs *in, uint64_t *rng)
     cfg.blocksparse = c->bs;
     cfg.q_dtype = c->qd, cfg.kv_dtype = c->kvd, cfg.out_dtype = c->outd, cfg.cache_dtype = c->cache;
     cfg.k_scale = c->kscale, cfg.v_scale = c->vscale;
+    if (c->H > MAX_HEADS) abort(); /* a case the arrays cannot describe: a bug in the grid */
     for (int h = 0; h < c->H; h++) {
         in->alibi[h] = (float)pow(2.0, -8.0 * (h + 1) / c->H) * 0.5f;
         in->sinks[h] = 2.0f * rng_uniform(rng) + 0.5f;
