@@ -143,9 +143,16 @@ void pa__cpu_pool_run(pa__cpu_pool *p, int64_t n, pa__cpu_task_fn fn, void *arg)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, 0);
-    while (atomic_load_explicit(&p->busy, memory_order_acquire) > 0) {
+    /* the last tasks are running on other threads: spin briefly, then give the core away on
+     * every check, so that a worker preempted on this core (more threads than free cores, a
+     * busy host) is not kept waiting by this loop */
+    for (int spins = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0;) {
+        if (++spins < 4000) {
 #if defined(__x86_64__) || defined(__i386__)
-        __asm__ __volatile__("pause");
+            __asm__ __volatile__("pause");
 #endif
+        } else {
+            sched_yield();
+        }
     }
 }
