@@ -121,8 +121,8 @@ static void decode_only(gcase *c, int32_t ctx_len, int nseq)
 
 static void build_geometry_cases(void)
 {
-    /* groups up to 128 (MQA models: 32 or 71 query heads on one KV head) and past the cpu
-     * backend's 128 query rows per item (160 and 256 heads on one and two KV heads) */
+    /* wide groups (MQA models: 32 or 71 query heads on one KV head) and groups that fill or
+     * pass the cpu backend's 128 query rows per item (256 heads on two KV heads, 160 on one) */
     static const int32_t heads[][2] = {{4, 4}, {8, 2}, {16, 2}, {8, 1}, {12, 3},
                                        {32, 1}, {71, 1}, {48, 3}, {160, 1}, {256, 2}};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
@@ -478,7 +478,8 @@ static gcase random_case(uint64_t *r, bool wide)
         fit_budget(&c);
         c.share_prefix = c.type == PA_ATTN_DECODER && c.nseq >= 2 && COIN(5);
         c.nonfinite = c.type == PA_ATTN_DECODER && !c.no_kv && COIN(6);
-        if (COIN(8)) { /* a wide group (MQA-like models), drawn last so the other draws stay */
+        if (COIN(8)) { /* a wide group (MQA-like models), drawn after the rest of the case,
+                        * whose other features are thus the ones it had without this draw */
             static const int32_t wideh[][2] = {{32, 1}, {71, 1}, {64, 2}, {160, 1}};
             int w = (int)(rng_next(r) % 4);
             c.H = wideh[w][0], c.Hkv = wideh[w][1];
