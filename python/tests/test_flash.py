@@ -25,7 +25,7 @@ def _case(rng, qlens, klens, H, Hkv, D, bs, dtype, kv_cache_dtype="auto", k_scal
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("geom", [(4, 4, 64, 16), (8, 2, 80, 8), (6, 1, 32, 5)])
+@pytest.mark.parametrize("geom", [(4, 4, 64, 16), (8, 2, 80, 8), (6, 1, 32, 5), (32, 1, 64, 16), (71, 1, 128, 16)])
 def test_varlen_paged_prefill_chunked_decode(backend, rng, dtype, geom):
     """Mixed batch: full prefill, chunked/prefix prefill, decodes (vLLM test_varlen_with_paged_kv)."""
     H, Hkv, D, bs = geom
