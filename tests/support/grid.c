@@ -1498,12 +1498,11 @@ int grid_random_sweep(const pa_backend *backend, uint64_t seed, int count, int n
         failures += fail;
         skipped += !fail && a.skipped;
         passed += !fail && !a.skipped;
-        if (out && verbose && !fail && !a.skipped)
-            fprintf(out, "%-6d %-6s %10.3g %10.3g %10.3g  %s\n", i, "ok", a.max_abs_err, a.max_rel_err,
-                    a.max_lse_err, c.name);
-        if (out && (fail || a.skipped)) {
-            fprintf(out, "%-6d %-6s %10.3g %10.3g %10.3g  %s (replay: --seed %#llx --random 1)\n", i,
-                    fail ? "FAIL" : "skip", a.max_abs_err, a.max_rel_err, a.max_lse_err, c.name, (unsigned long long)at);
+        if (out && (verbose || fail || a.skipped)) {
+            fprintf(out, "%-6d %-6s %10.3g %10.3g %10.3g  %s", i, fail ? "FAIL" : a.skipped ? "skip" : "ok",
+                    a.max_abs_err, a.max_rel_err, a.max_lse_err, c.name);
+            if (fail || a.skipped) fprintf(out, " (replay: --seed %#llx --random 1)", (unsigned long long)at);
+            fputc('\n', out);
             if (a.failed || a.skipped) fprintf(out, "       -> %s\n", a.reason);
             if (b.failed) fprintf(out, "       -> reference vs oracle: %s\n", b.reason);
         }

@@ -68,17 +68,24 @@ static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, 
 #  define CPU_PPFL 2
 #endif
 
-/* The part [g * n / ng, (g + 1) * n / ng) of pf, for group g of ng (NULL stays NULL). */
-static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
+/* The share of pf that units [u0, u1) of `total` take: rows [u0 * n / total, u1 * n / total)
+ * (NULL stays NULL: an empty part). */
+static inline pa__cpu_pf pf_range(const pa__cpu_pf *pf, int u0, int u1, int total)
 {
     pa__cpu_pf r = {NULL, 0, 0};
-    if (pf && ng > 0) {
-        int a = (int)((int64_t)g * pf->n / ng), b = (int)((int64_t)(g + 1) * pf->n / ng);
+    if (pf && total > 0) {
+        int a = (int)((int64_t)u0 * pf->n / total), b = (int)((int64_t)u1 * pf->n / total);
         r.rows = pf->rows + a;
         r.n = b - a;
         r.bytes = pf->bytes;
     }
     return r;
+}
+
+/* The part [g * n / ng, (g + 1) * n / ng) of pf, for group g of ng (NULL stays NULL). */
+static inline pa__cpu_pf pf_part(const pa__cpu_pf *pf, int g, int ng)
+{
+    return pf_range(pf, g, g + 1, ng);
 }
 
 /* Prefetches part g of ng of pf (every line of its rows) at locality CPU_PPFL: a prefill kernel

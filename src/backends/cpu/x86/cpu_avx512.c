@@ -229,11 +229,7 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
         for (int r = 0, take; r < nr; r += take) {
             /* a whole group, else the rest in groups of at most 6 */
             take = nr - r >= G ? G : (nr - r > 6 ? 6 : nr - r);
-            pa__cpu_pf part = {NULL, 0, 0};
-            if (pfc) { /* pf's rows in proportion to this group's rows */
-                int a = (int)((int64_t)r * pfc->n / nr), b = (int)((int64_t)(r + take) * pfc->n / nr);
-                part.rows = pfc->rows + a, part.n = b - a, part.bytes = pfc->bytes;
-            }
+            pa__cpu_pf part = pf_range(pfc, r, r + take, nr); /* in proportion to the group's rows */
             const pa__cpu_pf *pp = pfc ? &part : NULL;
             const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
             float *orow = o + (size_t)r * dp;
