@@ -42,6 +42,12 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+#ifdef __OPTIMIZE__
+static const int bench_optimized = 1;
+#else
+static const int bench_optimized = 0; /* Debug: the library's kernels are at -O0 as well */
+#endif
+
 static int g_progress;
 static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void progress(const char *fmt, ...)
@@ -81,15 +87,28 @@ __attribute__((target("avx2"))) static double read_avx2(const unsigned char *p, 
     return (double)_mm256_extract_epi64(a0, 0);
 }
 
+/* The FMA probes keep 12 accumulators in named variables, not in an array: at -O2 (CMake's
+ * RelWithDebInfo) gcc 12 does not unroll a loop over an array of 12 vectors, so the array
+ * stayed in memory and the probe read half the peak (20 against 40 GFLOP/s on one Zen 3 core,
+ * same host, same minute), which made every fraction of it read twice too high. 12 independent
+ * chains cover the FMA latency (4 cycles) times two FMA pipes with room to spare. */
+#define PROBE_ACC(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
 __attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
 {
-    __m256 acc[12];
-    __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-    __m256 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, acc[i]);
+    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+#define DECL(i) __m256 c##i = _mm256_set1_ps((float)(i));
+#define STEP(i) c##i = _mm256_fmadd_ps(c##i, a, b);
+#define SUM(i) s = _mm256_add_ps(s, c##i);
+    PROBE_ACC(DECL)
+    for (long it = 0; it < iters; it++) {
+        PROBE_ACC(STEP)
+    }
+    __m256 s = _mm256_setzero_ps();
+    PROBE_ACC(SUM)
+#undef DECL
+#undef STEP
+#undef SUM
     return (double)_mm256_cvtss_f32(s);
 }
 
@@ -97,25 +116,37 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
  * on Zen 4 (256-bit units, 512-bit ops in two halves) the same */
 __attribute__((target("avx512f"))) static double fma_avx512(long iters)
 {
-    __m512 acc[12];
-    __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-    __m512 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
+    const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
+#define STEP(i) c##i = _mm512_fmadd_ps(c##i, a, b);
+#define SUM(i) s = _mm512_add_ps(s, c##i);
+    PROBE_ACC(DECL)
+    for (long it = 0; it < iters; it++) {
+        PROBE_ACC(STEP)
+    }
+    __m512 s = _mm512_setzero_ps();
+    PROBE_ACC(SUM)
+#undef DECL
+#undef STEP
+#undef SUM
     return (double)_mm512_reduce_add_ps(s);
 }
 
 __attribute__((target("avx512f,avx512bf16"))) static double bf16_avx512(long iters)
 {
-    __m512 acc[12];
-    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-    for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < iters; it++)
-        for (int i = 0; i < 12; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    __m512 s = acc[0];
-    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
+    const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
+#define STEP(i) c##i = _mm512_dpbf16_ps(c##i, a, b);
+#define SUM(i) s = _mm512_add_ps(s, c##i);
+    PROBE_ACC(DECL)
+    for (long it = 0; it < iters; it++) {
+        PROBE_ACC(STEP)
+    }
+    __m512 s = _mm512_setzero_ps();
+    PROBE_ACC(SUM)
+#undef DECL
+#undef STEP
+#undef SUM
     return (double)_mm512_reduce_add_ps(s);
 }
 #endif
@@ -670,6 +701,9 @@ int pa_tool_bench(int argc, char **argv)
     if (!json) {
         printf("pagedattn %s bench%s: limits measured now (read buffer %zu MiB; LLC is far smaller)\n",
                pa_version_string(), quick ? " --quick" : "", bw_bytes >> 20);
+        if (!bench_optimized)
+            printf("  note: this is an unoptimized (Debug) build: the kernels and the probes run at -O0, "
+                   "so the times and fractions below say nothing about the library's speed\n");
         if (load >= 0)
             printf("  load average %.2f on %ld online cores%s\n", load, cores,
                    load > 0.5 * (double)cores ? ": other processes compete, figures are low and noisy" : "");
@@ -691,8 +725,9 @@ int pa_tool_bench(int argc, char **argv)
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
-        printf("{\n  \"version\": \"%s\",\n  \"load_average\": %.2f,\n  \"online_cores\": %ld,\n  \"limits\": [",
-               pa_version_string(), load, cores);
+        printf("{\n  \"version\": \"%s\",\n  \"optimized_build\": %s,\n  \"load_average\": %.2f,\n"
+               "  \"online_cores\": %ld,\n  \"limits\": [",
+               pa_version_string(), bench_optimized ? "true" : "false", load, cores);
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.3f", lims[i].bf16_gflops);
