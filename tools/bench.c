@@ -89,27 +89,28 @@ __attribute__((target("avx2"))) static double read_avx2(const unsigned char *p, 
 
 /* The FMA probes keep 12 accumulators in named variables, not in an array: at -O2 (CMake's
  * RelWithDebInfo) gcc 12 does not unroll a loop over an array of 12 vectors, so the array
- * stayed in memory and the probe read half the peak (20 against 40 GFLOP/s on one Zen 3 core,
- * same host, same minute), which made every fraction of it read twice too high. 12 independent
- * chains cover the FMA latency (4 cycles) times two FMA pipes with room to spare. */
-#define PROBE_ACC(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+ * stayed in memory and the probe read half the peak (20.1 against 40.2 GFLOP/s on one core of
+ * the development host, same minute), which made every fraction of it read twice too high. 12
+ * independent chains cover the FMA latency times two FMA pipes with room to spare. The body,
+ * for a vector type V and a macro STEP (one dependent operation on an accumulator): */
+#define PROBE_BODY(V, SET1, ADD, REDUCE)                                                             \
+    V c0 = SET1(0.0f), c1 = SET1(1.0f), c2 = SET1(2.0f), c3 = SET1(3.0f), c4 = SET1(4.0f),          \
+      c5 = SET1(5.0f), c6 = SET1(6.0f), c7 = SET1(7.0f), c8 = SET1(8.0f), c9 = SET1(9.0f),          \
+      c10 = SET1(10.0f), c11 = SET1(11.0f);                                                          \
+    for (long it = 0; it < iters; it++) {                                                            \
+        c0 = STEP(c0), c1 = STEP(c1), c2 = STEP(c2), c3 = STEP(c3), c4 = STEP(c4), c5 = STEP(c5);    \
+        c6 = STEP(c6), c7 = STEP(c7), c8 = STEP(c8), c9 = STEP(c9), c10 = STEP(c10), c11 = STEP(c11); \
+    }                                                                                                \
+    V s = ADD(ADD(ADD(ADD(c0, c1), ADD(c2, c3)), ADD(ADD(c4, c5), ADD(c6, c7))),                     \
+              ADD(ADD(c8, c9), ADD(c10, c11)));                                                      \
+    return (double)REDUCE(s)
 
 __attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
 {
     const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-#define DECL(i) __m256 c##i = _mm256_set1_ps((float)(i));
-#define STEP(i) c##i = _mm256_fmadd_ps(c##i, a, b);
-#define SUM(i) s = _mm256_add_ps(s, c##i);
-    PROBE_ACC(DECL)
-    for (long it = 0; it < iters; it++) {
-        PROBE_ACC(STEP)
-    }
-    __m256 s = _mm256_setzero_ps();
-    PROBE_ACC(SUM)
-#undef DECL
+#define STEP(x) _mm256_fmadd_ps(x, a, b)
+    PROBE_BODY(__m256, _mm256_set1_ps, _mm256_add_ps, _mm256_cvtss_f32);
 #undef STEP
-#undef SUM
-    return (double)_mm256_cvtss_f32(s);
 }
 
 /* 512-bit FMAs: on CPUs with two 512-bit FMA units (Intel server cores) twice the 256-bit peak;
@@ -117,37 +118,17 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(long iters)
 __attribute__((target("avx512f"))) static double fma_avx512(long iters)
 {
     const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
-#define STEP(i) c##i = _mm512_fmadd_ps(c##i, a, b);
-#define SUM(i) s = _mm512_add_ps(s, c##i);
-    PROBE_ACC(DECL)
-    for (long it = 0; it < iters; it++) {
-        PROBE_ACC(STEP)
-    }
-    __m512 s = _mm512_setzero_ps();
-    PROBE_ACC(SUM)
-#undef DECL
+#define STEP(x) _mm512_fmadd_ps(x, a, b)
+    PROBE_BODY(__m512, _mm512_set1_ps, _mm512_add_ps, _mm512_reduce_add_ps);
 #undef STEP
-#undef SUM
-    return (double)_mm512_reduce_add_ps(s);
 }
 
 __attribute__((target("avx512f,avx512bf16"))) static double bf16_avx512(long iters)
 {
     const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
-#define STEP(i) c##i = _mm512_dpbf16_ps(c##i, a, b);
-#define SUM(i) s = _mm512_add_ps(s, c##i);
-    PROBE_ACC(DECL)
-    for (long it = 0; it < iters; it++) {
-        PROBE_ACC(STEP)
-    }
-    __m512 s = _mm512_setzero_ps();
-    PROBE_ACC(SUM)
-#undef DECL
+#define STEP(x) _mm512_dpbf16_ps(x, a, b)
+    PROBE_BODY(__m512, _mm512_set1_ps, _mm512_add_ps, _mm512_reduce_add_ps);
 #undef STEP
-#undef SUM
-    return (double)_mm512_reduce_add_ps(s);
 }
 #endif
 
