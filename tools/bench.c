@@ -4,7 +4,8 @@
  * Limits (measured in the same run, for every thread count asked for): memory read bandwidth
  * on a buffer far larger than the last-level cache; fp32 FMA peak (register-only FMAs); the
  * AVX512-BF16 dot-product peak where the CPU has it. A case's floor is its roofline time,
- * max(KV bytes / bandwidth, useful flops / peak), and "frac" is floor / median time. Useful
+ * max(KV bytes / bandwidth, useful flops / peak), and "frac" is floor / median time; the peak
+ * is the bf16 dot-product one for bf16 queries over a bf16 cache where the CPU has it. Useful
  * flops are 4 * head_size per (query head, visible key): causal halves are not counted. Decode
  * cases rotate over enough layers' caches (>= 256 MiB of KV) that they measure memory, not L3.
  * Only the public API is used. */
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -501,10 +503,14 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
     R->gbs = S->kv_bytes / R->tmed / 1e9;
     R->gflops = S->flops / R->tmed / 1e9;
     R->tok_s = S->tokens / R->tmed;
-    double peak = L->fma_gflops;
+    /* bf16 queries over a bf16 cache, where the CPU has bf16 dot products (AVX512-BF16): the
+     * compute limit is the bf16 dot-product peak (the cpu backend takes QK by dot products and
+     * PV in fp32, so it can reach only part of it); everything else: the fp32 FMA peak */
+    bool bf16 = S->c.io == PA_DTYPE_BF16 && S->c.cache == PA_DTYPE_BF16 && L->bf16_gflops > 0;
+    double peak = bf16 ? L->bf16_gflops : L->fma_gflops;
     double tm = S->kv_bytes / (L->read_gbs * 1e9), tc = S->flops / (peak * 1e9);
     R->floor_s = tm > tc ? tm : tc;
-    R->bound = tm > tc ? "memory" : "fp32 fma";
+    R->bound = tm > tc ? "memory" : bf16 ? "bf16 dot" : "fp32 fma";
     R->frac = R->floor_s / R->tmed;
 }
 
@@ -541,7 +547,9 @@ static void usage(FILE *f)
             "  --json           machine-readable output on stdout\n"
             "Cases: 32 query / 8 KV heads x 128, block 16, the backend's preferred cache layout.\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
-            "useful flops / fp32 FMA peak), both limits measured in this run at the same thread count.\n");
+            "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
+            "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
+            "else the fp32 FMA peak.\n");
 }
 
 static int make_cases(int quick, int tiny, bcase *cs)

@@ -1,0 +1,31 @@
+"""Checks `pagedattn bench --json` output read from stdin: one JSON document with the limits it
+measured and one result per case asked for, every figure finite and consistent with the others.
+argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not Debug)."""
+import json
+import math
+import sys
+
+doc = json.load(sys.stdin)
+case, optimized = sys.argv[1], sys.argv[2] == "1"
+assert doc["optimized_build"] is optimized, doc["optimized_build"]
+assert doc["online_cores"] >= 1
+(lim,) = doc["limits"]
+assert lim["threads"] == 1 and lim["read_gbs"] > 0 and lim["fma_gflops"] > 0, lim
+(res,) = doc["results"]
+assert res["case"] == case and res["backend"] == "cpu" and res["threads"] == 1, res
+assert 0 < res["min_ms"] <= res["median_ms"] <= res["max_ms"], res
+for key in ("kv_gbs", "gflops", "tokens_per_s", "floor_ms", "fraction"):
+    assert math.isfinite(res[key]) and res[key] > 0, (key, res[key])
+# the fraction is the floor over the median; the floor is the larger roofline time (KV bytes over
+# the read bandwidth, useful flops over the FMA peak), both recoverable from the rates
+t_mem = res["kv_gbs"] * res["median_ms"] / lim["read_gbs"]
+# (the bf16 dot-product peak for a bf16 case where the CPU has one)
+bf16 = case.endswith(" bf16") and lim["bf16_dot_gflops"] is not None
+peak = lim["bf16_dot_gflops"] if bf16 else lim["fma_gflops"]
+t_fma = res["gflops"] * res["median_ms"] / peak
+floor = max(t_mem, t_fma)
+assert abs(res["floor_ms"] - floor) <= 2e-3 * floor, (res, t_mem, t_fma)
+compute = "bf16 dot" if bf16 else "fp32 fma"
+assert res["bound"] == ("memory" if t_mem > t_fma else compute), (res["bound"], t_mem, t_fma)
+assert abs(res["fraction"] - res["floor_ms"] / res["median_ms"]) <= 2e-3 * res["fraction"], res
+print("bench --json: ok,", case, "fraction", res["fraction"])
