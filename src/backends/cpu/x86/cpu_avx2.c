@@ -772,16 +772,29 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
     const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f;
+    /* bf16, first 16 dims: "pair split". One 32-byte load holds dims 2i (low half of 32-bit word
+     * i) and 2i + 1 (high half): a shift gives the even dims, an AND the odd ones, 2 operations
+     * per 16 values against 4 (zero-extend and shift, twice). Their accumulators start at 0 and
+     * hold dims (0 2 .. 14) and (1 3 .. 15); the end interleaves them (4 shuffles per row, once
+     * per call) and adds them to alpha * O. PV 10% faster on a Zen 1-class core (tenth pass). */
+    const bool split = dt == PA_DTYPE_BF16 && NV >= 2;
     __m256 acc[4][3];
     for (int h = 0; h < 4; h++) {
         __m256 al = _mm256_set1_ps(alpha[h] * in);
-        for (int u = 0; u < NV; u++) acc[h][u] = _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
+        for (int u = 0; u < NV; u++)
+            acc[h][u] = split && u < 2 ? _mm256_setzero_ps()
+                                       : _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
     }
 #define PV4_KEY(i)                                                                                   \
     do {                                                                                             \
         const char *vp = (const char *)vl[i] + (size_t)j * es;                                       \
         __m256 x[3];                                                                                 \
-        if (NV >= 2) cvt16r(dt, vp, &x[0], &x[1]);                                                   \
+        if (split) {                                                                                 \
+            __m256i w = _mm256_loadu_si256((const __m256i *)vp);                                     \
+            x[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                                    \
+            x[1] = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));    \
+        } else if (NV >= 2)                                                                          \
+            cvt16r(dt, vp, &x[0], &x[1]);                                                            \
         if (NV == 3) x[2] = cvt8r(dt, vp + 16 * es);                                                 \
         if (NV == 1) x[0] = cvt8r(dt, vp);                                                           \
         for (int h = 0; h < 4; h++) {                                                                \
@@ -796,9 +809,18 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
 #undef PV4_KEY
     const __m256 out = _mm256_set1_ps(256.0f);
     for (int h = 0; h < 4; h++)
-        for (int u = 0; u < NV; u++)
+        for (int u = split ? 2 : 0; u < NV; u++)
             _mm256_store_ps(o + (size_t)h * dp + j + 8 * u,
                             is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
+    if (split)
+        for (int h = 0; h < 4; h++) {
+            float *oh = o + (size_t)h * dp + j;
+            __m256 al = _mm256_set1_ps(alpha[h]);
+            __m256 lo = _mm256_unpacklo_ps(acc[h][0], acc[h][1]); /* dims 0-3 | 8-11 */
+            __m256 hi = _mm256_unpackhi_ps(acc[h][0], acc[h][1]); /* dims 4-7 | 12-15 */
+            _mm256_store_ps(oh, _mm256_fmadd_ps(_mm256_load_ps(oh), al, _mm256_permute2f128_ps(lo, hi, 0x20)));
+            _mm256_store_ps(oh + 8, _mm256_fmadd_ps(_mm256_load_ps(oh + 8), al, _mm256_permute2f128_ps(lo, hi, 0x31)));
+        }
 }
 
 /* (pf: a share of the rows before each chunk of dims, in proportion to its width) */
