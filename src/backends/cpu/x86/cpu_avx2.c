@@ -776,7 +776,8 @@ static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt,
      * i) and 2i + 1 (high half): a shift gives the even dims, an AND the odd ones, 2 operations
      * per 16 values against 4 (zero-extend and shift, twice). Their accumulators start at 0 and
      * hold dims (0 2 .. 14) and (1 3 .. 15); the end interleaves them (4 shuffles per row, once
-     * per call) and adds them to alpha * O. PV 10% faster on a Zen 1-class core (tenth pass). */
+     * per call) and adds them to alpha * O. bf16 decode 1-3% faster on a Zen 1-class core, where
+     * every 256-bit operation takes two issue slots (bench/NOTES.md, tenth pass). */
     const bool split = dt == PA_DTYPE_BF16 && NV >= 2;
     __m256 acc[4][3];
     for (int h = 0; h < 4; h++) {
