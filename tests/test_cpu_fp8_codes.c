@@ -9,6 +9,7 @@
  * replaced by zero (the AVX2 kernels then take their conversion without the NaN fix-up). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#include "test_cpu_isa.h"
 
 #include <stdbool.h>
 
@@ -78,7 +79,6 @@ int main(void)
         printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
         return 77;
     }
-    static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
     static const pa_dtype dts[] = {PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
     static float out[KEYS * H * D];
     int ran = 0;
@@ -106,19 +106,16 @@ int main(void)
                 kp[e] = 0;
                 vp[e] = codes[j];
             }
-        for (int i = 0; i < (int)(sizeof isas / sizeof *isas); i++) {
-            setenv("PAGEDATTN_CPU_ISA", isas[i], 1);
-            pa_context *probe = NULL;
-            if (pa_context_create(cpu, NULL, &probe) == PA_STATUS_UNAVAILABLE) continue;
-            pa_context_destroy(probe);
+        for (int i = 0; i < TEST_CPU_NISA; i++) {
+            if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
             char what[96];
             /* decode: one new token over 16 keys; prefill: 16 causal tokens (1..16 keys each) */
             snprintf(what, sizeof what, "%s%s decode, isa %s", pa_dtype_name(dt), v == 1 ? " (no NaN)" : "",
-                     isas[i]);
+                     test_cpu_isas[i]);
             run(cpu, layer, &cache, table, KEYS - 1, 1, out);
             CHECK_INT(check(what, dt, codes, out, 1), 0);
             snprintf(what, sizeof what, "%s%s prefill, isa %s", pa_dtype_name(dt), v == 1 ? " (no NaN)" : "",
-                     isas[i]);
+                     test_cpu_isas[i]);
             run(cpu, layer, &cache, table, 0, KEYS, out);
             CHECK_INT(check(what, dt, codes, out, KEYS), 0);
             ran++;
