@@ -6,6 +6,8 @@
 
 #include <immintrin.h>
 
+#include "cpu_x86_fp8.h"
+
 
 /* ---- conversions -------------------------------------------------------------------------- */
 
@@ -27,25 +29,9 @@ static inline __m256 cvt_e5m2x8(const void *p)
     return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
 }
 
-/* E4M3 through f16: the byte sign-extended to 16 bits and shifted left by 7 puts the sign in
- * bit 15 (and a copy in bit 14, cleared) and eeee.mmm in an f16's exponent and mantissa: an f16
- * 2^-8 times the E4M3 value (E4M3 subnormals land on f16 subnormals, exactly); the f32 result is
- * scaled by 2^8. S.1111.111 is NaN: forced to an f16 NaN. */
-static inline __m128i e4m3_to_f16x8(__m128i x16, bool fix_nan)
-{
-    __m128i h = _mm_and_si128(_mm_slli_epi16(x16, 7), _mm_set1_epi16((short)0xbfff));
-    if (!fix_nan) return h;
-    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
-    return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
-}
-
 static inline void cvt_e4m3x16(const void *p, float *dst)
 {
-    __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-    __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbfff));
-    __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                     _mm256_set1_epi16(0x3f80));
-    h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+    __m256i h = pa__e4m3_to_f16x16(p, true);
     __m256 s = _mm256_set1_ps(256.0f);
     _mm256_store_ps(dst, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s));
     _mm256_store_ps(dst + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s));
@@ -370,7 +356,7 @@ static inline bool is_e4m3(pa_dtype dt)
 static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
 {
     if (dt == DT_E4M3F) {
-        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), false);
+        __m128i h = pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), false);
         return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
     switch (dt) {
@@ -378,7 +364,7 @@ static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char
     case PA_DTYPE_BF16: return cvt_bf16x8(p);
     case PA_DTYPE_FP8_E5M2: return cvt_e5m2x8(p);
     case PA_DTYPE_FP8_E4M3: {
-        __m128i h = e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), true);
+        __m128i h = pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), true);
         return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
     default: return _mm256_loadu_ps((const float *)p);
@@ -629,7 +615,7 @@ static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const cha
 {
     if (is_e4m3(dt))
         return _mm256_cvtph_ps(
-            e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), dt == PA_DTYPE_FP8_E4M3));
+            pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), dt == PA_DTYPE_FP8_E4M3));
     return cvt8(dt, p);
 }
 
@@ -637,13 +623,7 @@ static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const cha
 static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char *p, __m256 *x0, __m256 *x1)
 {
     if (is_e4m3(dt)) {
-        __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-        __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbfff));
-        if (dt == PA_DTYPE_FP8_E4M3) {
-            __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                             _mm256_set1_epi16(0x3f80));
-            h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
-        }
+        __m256i h = pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3);
         *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     } else if (dt == PA_DTYPE_FP8_E5M2) {

@@ -16,6 +16,7 @@
  * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on AVX-512 hardware. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
+#include "cpu_x86_fp8.h"
 
 #include <immintrin.h>
 
@@ -38,16 +39,10 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
         return _mm512_cvtph_ps(h);
     }
     case PA_DTYPE_FP8_E4M3: {
-        /* through f16, as on AVX2 (e4m3_to_f16x8 there): the byte sign-extended to 16 bits and
-         * shifted left by 7, with the copy of the sign in bit 14 cleared, is an f16 2^-8 times
-         * the value (E4M3 subnormals on f16 subnormals, exactly), times 2^8 after the conversion;
-         * the NaN code S.1111.111 lands on (+-)0x3f80 and becomes an f16 NaN. (An earlier version made f32
-         * bits 2^-120 times the value and multiplied by 2^120: exact, but every E4M3 subnormal was
-         * an f32 subnormal operand, which Intel cores serve by microcode assists.) */
-        __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)), 7),
-                                     _mm256_set1_epi16((short)0xbfff));
-        __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x3f80));
-        h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+        /* through f16 (cpu_x86_fp8.h; an earlier version made f32 bits 2^-120 times the value
+         * and multiplied by 2^120: exact, but every E4M3 subnormal was an f32 subnormal operand,
+         * which Intel cores serve by microcode assists) */
+        __m256i h = pa__e4m3_to_f16x16(p, true);
         return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
     }
     default: return _mm512_setzero_ps();

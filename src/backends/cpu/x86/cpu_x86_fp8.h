@@ -1,0 +1,35 @@
+/* cpu_x86_fp8.h: fp8 E4M3 to f16 bits, shared by the AVX2 and AVX-512 kernel files (both are
+ * compiled with AVX2 and F16C enabled).
+ *
+ * E4M3 through f16: the byte sign-extended to 16 bits and shifted left by 7 puts the sign in bit
+ * 15 (and a copy in bit 14, cleared) and eeee.mmm in an f16's exponent and mantissa: an f16 2^-8
+ * times the E4M3 value (E4M3 subnormals land on f16 subnormals, exactly; vcvtph2ps then makes
+ * normal f32s of them, so no f32 subnormal ever enters an arithmetic instruction). S.1111.111 is
+ * NaN: it lands on (+-)0x3f80 and is forced to an f16 NaN when fix_nan is set (callers that know
+ * their rows hold no NaN byte skip the fix-up). The f32 result is 2^-8 times the value. */
+#ifndef PAGEDATTN_CPU_X86_FP8_H
+#define PAGEDATTN_CPU_X86_FP8_H
+
+#include <immintrin.h>
+#include <stdbool.h>
+
+/* 8 values: x16 is the bytes sign-extended to 16 bits */
+static inline __attribute__((always_inline)) __m128i pa__e4m3_to_f16x8(__m128i x16, bool fix_nan)
+{
+    __m128i h = _mm_and_si128(_mm_slli_epi16(x16, 7), _mm_set1_epi16((short)0xbfff));
+    if (!fix_nan) return h;
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
+    return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
+}
+
+/* 16 values at p */
+static inline __attribute__((always_inline)) __m256i pa__e4m3_to_f16x16(const void *p, bool fix_nan)
+{
+    __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbfff));
+    if (!fix_nan) return h;
+    __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)), _mm256_set1_epi16(0x3f80));
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+}
+
+#endif
