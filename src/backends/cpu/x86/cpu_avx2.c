@@ -601,14 +601,14 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
 
 
 /* ---- decode, 4 query rows of one KV head at a time ---------------------------------------------
- * (GQA 4 is one group; GQA 8 two.) QK: 2 keys x 4 rows = 8 dot-product accumulators over 16-dim
- * steps, each K chunk converted once for the 4 rows; one reduction tree per 2 keys, stored as 4
- * pairs. PV: the dims are the outer loop (24 at a time: 4 rows x 3 vectors = 12 accumulators kept
- * in registers over the whole tile, two keys per step), each V chunk converted once per key and
- * used by the 4 rows' broadcast probabilities; when some keys are masked, the visible ones are
- * listed (with their probabilities pre-broadcast) before the loop, so masked keys are never
- * multiplied in. E4M3 is converted without its 2^8
- * factor (an exact power of two), applied once to the scores and to the PV accumulators. */
+ * (GQA 4 is one group; GQA 8 two.) QK: 3 keys x 4 rows = 12 dot-product accumulators over 8-dim
+ * steps (the last 2 or 4 keys as pairs over 16-dim steps), each K chunk converted once for the 4
+ * rows; one reduction tree per key group. PV: the dims are the outer loop (24 at a time: 4 rows x
+ * 3 vectors = 12 accumulators kept in registers over the whole tile, one key per step), each V
+ * chunk converted once per key and used by the 4 rows' broadcast probabilities; when some keys
+ * are masked, the visible ones are listed (with their probabilities pre-broadcast) before the
+ * loop, so masked keys are never multiplied in. E4M3 is converted without its 2^8 factor (an
+ * exact power of two), applied once to the scores and to the PV accumulators. */
 
 /* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
