@@ -375,6 +375,15 @@ static void build_decode_cases(void)
     c.cache = c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
     c.wl = 30, c.wr = 0, c.alibi = 1, c.sinks = 1, c.softcap = 8.0f, c.qscale = 2.0f;
     push(c, "prefill16");
+    /* logits that grow along the keys: ALiBi (slope 1/4 on head 0) over a 640-token prompt
+     * raises a late row's maximum by up to 160 along its keys (e^160 overflows fp32): a kernel
+     * that rescales its output lazily must still rescale then */
+    c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 2, c.alibi = 1;
+    c.seqs[0] = (gseq){0, 640, 1, 0};
+    c.seqs[1] = (gseq){100, 70, 1, 0};
+    push(c, "prefill16");
     /* the same tiles with whole key chunks that no row masks between masked ones: head size 64
      * at GQA 8 after a context, block size 24 (no power of two); a 300-token prompt under a 100-key window at
      * GQA 1; a block-sparse prompt (every chunk masked per element) */

@@ -861,21 +861,30 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
 
 /* ---- FlashAttention-2 style prefill tiles ----------------------------------------------------
  *
- * attn_fa_kernel<D, BF, BN>: 16-bit q == cache dtype, head size D = 64/128, 16-byte cache loads
+ * attn_fa_kernel<D, BF, FEAT>: 16-bit q == cache dtype, head size D = 64/128, 16-byte cache loads
  * (P.vec8). A block of 4 warps takes PA_CU_MMA_ROWS = 128 rows (warp w: rows 32w .. 32w + 31 as
- * two 16-row m-tiles, so every K/V fragment read from shared memory feeds two mma), the tile's
- * Q rows in shared memory, keys in chunks of BN (aligned to multiples of BN from key 0) double-
- * buffered by cp.async. Scores and the online softmax run in base 2 (the scale times log2 e
- * goes into the exponent's FMA on whole chunks, into logit()'s result on masked ones; m is kept
- * in log2 units and turned back for sinks and the LSE).
+ * two 16-row m-tiles, so every K/V fragment read from shared memory feeds two mma), the tile's Q
+ * rows in shared memory, keys in chunks of FA_BN = 32 (aligned to multiples of 32 from key 0)
+ * double-buffered by cp.async. Scores and the online softmax run in base 2 (the scale times
+ * log2 e goes into the exponent's FMA on whole chunks, into logit()'s result on masked ones; m is
+ * kept in log2 units and turned back for sinks and the LSE).
+ * The rescale is lazy: a warp rescales its output and sums only when one of its rows' maxima grew
+ * by more than 8 (log2 units); otherwise every row keeps its old m, and the chunk's probabilities,
+ * up to 2^8, are taken relative to it. That is exact in exact arithmetic (out and the LSE divide
+ * the same stale scale out of O and l), P's 16-bit rounding is relative, and fp32 has the range.
  * Only chunks that some row masks (the causal diagonal, a window's edge, the end of the keys)
- * or layers with a soft-cap, ALiBi or a block-sparse pattern evaluate the mask and logit()
- * per element; every other chunk is the plain scaled product. P is rounded to the cache dtype
+ * or layers with a soft-cap, ALiBi or a block-sparse pattern evaluate the mask per element;
+ * every other chunk is the plain scaled product. FEAT (fa_feat: the layer has one of those
+ * features) puts logit() and the block-sparse test in the masked chunks' code; without it a
+ * masked chunk only compares each key with its row's range, in 32 bits (the general code there
+ * cost 11 registers and its spills slowed the unmasked chunks). P is rounded to the cache dtype
  * for P V (allowed by the contract), the row sums stay fp32. Rows and chunking are fixed by
  * the sequence alone, so a row's bits do not depend on the batch. */
-template <int D, bool BF, int BN>
+constexpr int FA_BN = 32; /* keys per chunk (64 measured slower: 255 registers, spills) */
+template <int D, bool BF, bool FEAT>
 __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    constexpr int BN = FA_BN;
     constexpr int KS = D + 8;  /* shared row stride in 16-bit elements (bank spread, 16-byte rows) */
     constexpr int NT = BN / 8; /* 8-key score tiles per chunk */
     constexpr int DT = D / 8;  /* 8-dim output tiles */
@@ -947,7 +956,7 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     if (chunk0 < kend) issue(chunk0, 0);
     else cp_async_commit();
 
-    const bool feat = P.softcap > 0.f || P.has_alibi || P.bs_block > 0;
+    const bool feat = FEAT; /* the launch's fa_feat(P) */
     const float sl2 = P.scale * LOG2E;
     float o[2][DT][4];
 #pragma unroll
@@ -1007,34 +1016,67 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
                     int64_t lo, hi;
                     key_range(P, p, kv_len, &lo, &hi);
                     if (row >= row_end) hi = lo; /* sees nothing */
+                    if (FEAT) {
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
+                        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int64_t j = kb + nt * 8 + 2 * t4 + e;
-                            float &x = sc[mt][nt][2 * i + e];
-                            if (j < lo || j >= hi || !blocksparse_visible(P, h, p, j)) x = -INFINITY;
-                            else x = feat ? logit(P, x * P.scale, h, p, j) * LOG2E : x * sl2;
-                        }
+                            for (int e = 0; e < 2; e++) {
+                                const int64_t j = kb + nt * 8 + 2 * t4 + e;
+                                float &x = sc[mt][nt][2 * i + e];
+                                if (j < lo || j >= hi || !blocksparse_visible(P, h, p, j)) x = -INFINITY;
+                                else x = logit(P, x * P.scale, h, p, j) * LOG2E;
+                            }
+                    } else {
+                        /* the range relative to the chunk, clamped into 32 bits */
+                        const int rlo = (int)max(min(lo - kb, (int64_t)BN), (int64_t)0);
+                        const int rhi = (int)max(min(hi - kb, (int64_t)BN), (int64_t)0);
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                const int jj = nt * 8 + 2 * t4 + e;
+                                float &x = sc[mt][nt][2 * i + e];
+                                x = jj < rlo || jj >= rhi ? -INFINITY : x * sl2;
+                            }
+                    }
                 }
         }
         /* online softmax per row (a row lives in a quad of lanes); a NaN logit makes l NaN */
-        float alpha[4];
+        float mx[4];
+        bool grow = false;
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int mt = r >> 1, i = r & 1;
-            float mx = -INFINITY;
+            float x = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * i], sc[mt][nt][2 * i + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[r], mx * mul); /* mul > 0: the max of x * mul */
-            alpha[r] = m_new == -INFINITY ? 1.f : fast_exp2(m[r] - m_new);
-            m[r] = m_new;
+            for (int nt = 0; nt < NT; nt++) x = fmaxf(x, fmaxf(sc[mt][nt][2 * i], sc[mt][nt][2 * i + 1]));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+            mx[r] = x * mul; /* mul > 0: the max of x * mul */
+            grow |= !(mx[r] <= m[r] + 8.f); /* also a first visible key (m = -inf) */
         }
-        /* l: this lane's share of the row sum (its quad's four shares are added at the end) */
+        if (__any_sync(0xffffffffu, grow)) {
+            float alpha[4];
 #pragma unroll
-        for (int r = 0; r < 4; r++) l[r] *= alpha[r];
+            for (int r = 0; r < 4; r++) {
+                const float m_new = fmaxf(m[r], mx[r]);
+                alpha[r] = m_new == -INFINITY ? 1.f : fast_exp2(m[r] - m_new);
+                m[r] = m_new;
+                l[r] *= alpha[r]; /* this lane's share of the row sum (the quad's shares are added at the end) */
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < DT; n++) {
+                    o[mt][n][0] *= alpha[2 * mt], o[mt][n][1] *= alpha[2 * mt];
+                    o[mt][n][2] *= alpha[2 * mt + 1], o[mt][n][3] *= alpha[2 * mt + 1];
+                }
+        }
+        /* exp2(x mul - m); a row that has seen nothing (m = -inf) has only x = -inf so far and
+         * takes 0 for m, which gives exp2(-inf) = 0 without a per-element test; NaN stays NaN */
+        float nm[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) nm[r] = m[r] == -INFINITY ? 0.f : -m[r];
         uint32_t pa[2][BN / 16][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++)
@@ -1044,20 +1086,12 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 2 * mt + (e >> 1);
-                    const float x = sc[mt][nt][e];
-                    pr[e] = x == -INFINITY ? 0.f : fast_exp2(fmaf(x, mul, -m[r]));
+                    pr[e] = fast_exp2(fmaf(sc[mt][nt][e], mul, nm[r]));
                     l[r] += pr[e];
                 }
                 /* C layout of key tile nt -> A layout of key step nt / 2 */
                 pa[mt][nt >> 1][(nt & 1) * 2 + 0] = pack2_16(pr[0], pr[1], BF);
                 pa[mt][nt >> 1][(nt & 1) * 2 + 1] = pack2_16(pr[2], pr[3], BF);
-            }
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int n = 0; n < DT; n++) {
-                o[mt][n][0] *= alpha[2 * mt], o[mt][n][1] *= alpha[2 * mt];
-                o[mt][n][2] *= alpha[2 * mt + 1], o[mt][n][3] *= alpha[2 * mt + 1];
             }
         /* O += P V: per 16 keys and two 8-dim tiles, one ldmatrix x4 .trans for four mma */
 #pragma unroll
@@ -1103,8 +1137,8 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
         if (P.lse && t4 == 0) P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = ll != 0.f ? mm + logf(ll) : -INFINITY;
     }
 }
-/* Dynamic shared memory of attn_fa_kernel<D, *, BN>: Q rows, two K and two V chunks. */
-constexpr size_t fa_smem_bytes(int D, int BN) { return (size_t)(PA_CU_MMA_ROWS + 4 * BN) * (D + 8) * 2; }
+/* Dynamic shared memory of attn_fa_kernel<D, *, *>: Q rows, two K and two V chunks. */
+constexpr size_t fa_smem_bytes(int D) { return (size_t)(PA_CU_MMA_ROWS + 4 * FA_BN) * (D + 8) * 2; }
 
 /* ---- decode tiles (short queries over a paged 16-bit or fp8 cache) ---------------------------
  *
@@ -1708,16 +1742,20 @@ dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 
 typedef void (*attn_fn)(const pa_cu_attn_params);
 
-/* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, chunk keys 32/64). */
+/* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, layer features). */
 typedef void (*fa_fn)(const pa_cu_attn_params);
-fa_fn fa_pick(int head_size, bool bf, int bn)
+template <int D>
+fa_fn fa_pick_d(bool bf, bool feat)
 {
-    if (head_size == 64)
-        return bn == 32 ? (bf ? attn_fa_kernel<64, true, 32> : attn_fa_kernel<64, false, 32>)
-                        : (bf ? attn_fa_kernel<64, true, 64> : attn_fa_kernel<64, false, 64>);
-    return bn == 32 ? (bf ? attn_fa_kernel<128, true, 32> : attn_fa_kernel<128, false, 32>)
-                    : (bf ? attn_fa_kernel<128, true, 64> : attn_fa_kernel<128, false, 64>);
+    return bf ? (feat ? attn_fa_kernel<D, true, true> : attn_fa_kernel<D, true, false>)
+              : (feat ? attn_fa_kernel<D, false, true> : attn_fa_kernel<D, false, false>);
 }
+fa_fn fa_pick(int head_size, bool bf, bool feat)
+{
+    return head_size == 64 ? fa_pick_d<64>(bf, feat) : fa_pick_d<128>(bf, feat);
+}
+/* a layer feature that changes logits or masks per element (a property of the layer) */
+bool fa_feat(const pa_cu_attn_params *p) { return p->softcap > 0.f || p->has_alibi || p->bs_block > 0; }
 
 /* Head-size buckets: registers per lane = ceil(head_size / 32) rounded up to one of these. */
 struct bucket {
@@ -1740,15 +1778,15 @@ const bucket *find_bucket(int head_size)
 
 pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
 {
-    /* the FlashAttention-2 style prefill tiles take 54-102 KB of shared memory; a device that
+    /* the FlashAttention-2 style prefill tiles take 36-70 KB of shared memory; a device that
      * cannot give one of them its share runs the ldm tiles there (see pa_cu_attn_launch) */
     for (int d = 64; d <= 128; d += 64)
-        for (int bn = 32; bn <= 64; bn += 32)
-            for (int bf = 0; bf < 2; bf++)
-                if (fa_smem_bytes(d, bn) > 48 * 1024 && fa_smem_bytes(d, bn) <= ctx->smem_optin)
-                    PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, bf != 0, bn),
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)fa_smem_bytes(d, bn)));
+        for (int k = 0; k < 4; k++) { /* dtype bf16 (bit 0), layer features (bit 1) */
+            const size_t need = fa_smem_bytes(d);
+            if (need > 48 * 1024 && need <= ctx->smem_optin)
+                PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, (k & 1) != 0, (k & 2) != 0),
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
+        }
     for (const bucket &b : kBuckets) {
         size_t need = pa_cu_attn_smem(b.max_d);
         if (need > ctx->smem_optin) need = ctx->smem_optin;
@@ -1799,12 +1837,11 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
         const int v = ctx->prefill_variant;
         const bool bf = p->cache_dtype == PA_DTYPE_BF16;
-        const int bn = v == PA_CU_PF_FA64 ? 64 : 32;
-        if ((v == PA_CU_PF_FA || v == PA_CU_PF_FA64) && p->vec8 &&
-            fa_smem_bytes(p->head_size, bn) <= ctx->smem_optin) {
+        const size_t fa_smem = fa_smem_bytes(p->head_size);
+        if (v != PA_CU_PF_LDM && p->vec8 && fa_smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const fa_fn fn = fa_pick(p->head_size, bf, bn);
-            PA_CU_LAUNCH(fn, grid, 128, fa_smem_bytes(p->head_size, bn), ctx->stream, pm);
+            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p));
+            PA_CU_LAUNCH(fn, grid, 128, fa_smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */
             if (p->head_size == 64) PA_CU_LAUNCH((attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);

@@ -31,7 +31,7 @@ step() { # step NAME TIMEOUT_S CMD...   (result line in $LOGS/NAME.sum)
     local verdict=ok
     if [ $rc -eq 77 ]; then verdict=SKIP; elif [ $rc -eq 124 ]; then verdict=TIMEOUT;
     elif [ $rc -ne 0 ]; then verdict="FAIL(rc=$rc)"; fi
-    printf '%-16s %-12s %4ss  %s\n' "$name" "$verdict" "$t" "$(grep -E 'failures|SDPA|checks|passed|failed' "$LOGS/$name.log" | tail -1 | cut -c1-90)" >"$LOGS/$name.sum"
+    printf '%-16s %-12s %4ss  %s\n' "$name" "$verdict" "$t" "$(grep -E 'failures|SDPA|checks|passed|failed' "$LOGS/$name.log" | tail -1 | cut -c1-150)" >"$LOGS/$name.sum"
     echo "[$(( $(date +%s) - T0 ))s] $(cat "$LOGS/$name.sum")"
     return $rc
 }
@@ -73,7 +73,7 @@ for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
-for v in fa64 ldm; do
+for v in ldm; do
     PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
@@ -98,8 +98,8 @@ if [ -n "$SAN" ]; then
     step racecheck_decode 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa64 step memcheck_fa64 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa64 step racecheck_fa64 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    step memcheck_prefill 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    step synccheck_prefill 150 "$SAN" --tool synccheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
@@ -114,27 +114,54 @@ fi
 # as shipped, then decode with each variant of the decode kernel and prefill without tensor
 # cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
-for v in mmat-pf mmat4 simt off; do
-    PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
-done
-for k in 256 1024; do
-    PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
-done
+if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu) this time
+    for v in mmat-pf mmat4 simt off; do
+        PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
+    done
+    for k in 256 1024; do
+        PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
+    done
+fi
 PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
-for v in fa64 ldm; do
-    PAGEDATTN_CUDA_PREFILL=$v step bench_prefill_$v 90 "$CLI" bench --backend cuda --cases prefill
+# prefill variants, two rounds in opposite orders, beside earlier builds: AB_BUILDS lists
+# DIR[:VARIANT] (DIR holding tools/pagedattn and libpagedattn.so of an earlier commit, run with
+# PAGEDATTN_CUDA_PREFILL=VARIANT when given)
+ab_old() { # ab_old ROUND
+    for b in ${AB_BUILDS:-}; do
+        local dir=${b%%:*} var=
+        [ "$dir" != "$b" ] && var=${b#*:}
+        PAGEDATTN_CUDA_PREFILL=$var LD_LIBRARY_PATH="$ROOT/$dir" \
+            step bench_prefill_$(basename "$dir")$var.$1 60 "$dir/tools/pagedattn" bench --backend cuda --cases prefill
+    done
+}
+PF_VARIANTS=${PF_VARIANTS:-"fa ldm"}
+for round in 1 2; do
+    vs=$PF_VARIANTS
+    [ $round = 2 ] && vs=$(echo $PF_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
+    [ $round = 1 ] && ab_old $round
+    for v in $vs; do
+        PAGEDATTN_CUDA_PREFILL=$v step bench_prefill_$v.$round 60 "$CLI" bench --backend cuda --cases prefill
+    done
+    [ $round = 2 ] && ab_old $round
 done
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
-if command -v ncu >/dev/null 2>&1; then
+if command -v ncu >/dev/null 2>&1 && [ "${FOCUS:-}" != prefill ]; then
     step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
-    # and on one launch of the prefill kernel (tensor-pipe use, issue rate, stalls)
-    step ncu_prefill 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 \
-        --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --section SchedulerStats --section LaunchStats --section InstructionStats \
-        "$CLI" bench --backend cuda --cases prefill
+fi
+if command -v ncu >/dev/null 2>&1; then
+    # one launch of the prefill kernel of each fa variant (tensor-pipe use, issue rate, stalls)
+    for v in ${NCU_PREFILL:-fa}; do
+        PAGEDATTN_CUDA_PREFILL=$v step ncu_prefill_$v 90 ncu --clock-control none --kernel-name regex:attn_fa \
+            --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+            --section InstructionStats "$CLI" bench --backend cuda --cases prefill
+    done
+    # where the default prefill kernel's warps stall, by source line (-lineinfo)
+    step ncu_prefill_src 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters "$CLI" bench --backend cuda --cases prefill
 fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
