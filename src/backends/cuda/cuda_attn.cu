@@ -881,7 +881,7 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
  * for P V (allowed by the contract), the row sums stay fp32. Rows and chunking are fixed by
  * the sequence alone, so a row's bits do not depend on the batch. */
 constexpr int FA_BN = 32; /* keys per chunk (64 measured slower: 255 registers, spills) */
-template <int D, bool BF, bool FEAT>
+template <int D, bool BF, bool FEAT, bool TB>
 __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int BN = FA_BN;
@@ -936,6 +936,23 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     const int64_t head_off = (int64_t)hk * P.c_head + d0;
     const int bsh = P.c_bs_log2;
     const uint32_t bs = (uint32_t)P.c_bs;
+    /* TB: the block-table entries of a chunk's keys are loaded a chunk ahead into tb (keys past
+     * the range take the last key's entry, never used), so no table load waits between the
+     * barriers; without TB each key's entry is loaded where its copy is issued */
+    int32_t tb[BN / KPP];
+    auto key_pos = [&](int64_t kbx, int i, uint32_t &blk, uint32_t &in) {
+        const uint32_t j = (uint32_t)min(kbx + (int64_t)(k0 + KPP * i), kend - 1);
+        blk = bsh >= 0 ? j >> bsh : j / bs;
+        in = j - blk * bs;
+    };
+    auto load_tb = [&](int64_t kbx) {
+#pragma unroll
+        for (int i = 0; i < BN / KPP; i++) {
+            uint32_t blk, in;
+            key_pos(kbx, i, blk, in);
+            tb[i] = table[blk];
+        }
+    };
     auto issue = [&](int64_t kbx, int buf) {
         const int nkx = (int)min((int64_t)BN, kend - kbx);
 #pragma unroll
@@ -943,7 +960,11 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
             const int k = k0 + KPP * i;
             const bool ok = k < nkx;
             int64_t off = 0;
-            if (ok) {
+            if (TB) {
+                uint32_t blk, in;
+                key_pos(kbx, i, blk, in);
+                off = (int64_t)tb[i] * P.c_block + (int64_t)in * P.c_token + head_off;
+            } else if (ok) {
                 const uint32_t j = (uint32_t)kbx + (uint32_t)k;
                 const uint32_t blk = bsh >= 0 ? j >> bsh : j / bs, in = j - blk * bs;
                 off = (int64_t)table[blk] * P.c_block + (int64_t)in * P.c_token + head_off;
@@ -953,8 +974,13 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
         }
         cp_async_commit(); /* with the Q rows in the first group */
     };
-    if (chunk0 < kend) issue(chunk0, 0);
-    else cp_async_commit();
+    if (chunk0 < kend) {
+        if (TB) load_tb(chunk0);
+        issue(chunk0, 0);
+        if (TB && chunk0 + BN < kend) load_tb(chunk0 + BN);
+    } else {
+        cp_async_commit();
+    }
 
     const bool feat = FEAT; /* the launch's fa_feat(P) */
     const float sl2 = P.scale * LOG2E;
@@ -969,9 +995,13 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     for (int64_t kb = chunk0; kb < kend; kb += BN, iter++) {
         const int buf = iter & 1;
         __syncthreads(); /* every warp is done with the buffer about to be refilled */
-        if (kb + BN < kend) issue(kb + BN, buf ^ 1);
-        else cp_async_commit(); /* an empty group keeps the count */
-        cp_async_wait_1();      /* this chunk's group (and the Q rows) have landed */
+        if (kb + BN < kend) {
+            issue(kb + BN, buf ^ 1);
+            if (TB && kb + 2 * BN < kend) load_tb(kb + 2 * BN);
+        } else {
+            cp_async_commit(); /* an empty group keeps the count */
+        }
+        cp_async_wait_1(); /* this chunk's group (and the Q rows) have landed */
         __syncthreads();
         const uint16_t *Kb = Ks + buf * BN * KS, *Vb = Vs + buf * BN * KS;
 
@@ -1745,14 +1775,16 @@ typedef void (*attn_fn)(const pa_cu_attn_params);
 /* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, layer features). */
 typedef void (*fa_fn)(const pa_cu_attn_params);
 template <int D>
-fa_fn fa_pick_d(bool bf, bool feat)
+fa_fn fa_pick_d(bool bf, bool feat, bool tb)
 {
-    return bf ? (feat ? attn_fa_kernel<D, true, true> : attn_fa_kernel<D, true, false>)
-              : (feat ? attn_fa_kernel<D, false, true> : attn_fa_kernel<D, false, false>);
+    if (tb && !feat) return bf ? attn_fa_kernel<D, true, false, true> : attn_fa_kernel<D, false, false, true>;
+    return bf ? (feat ? attn_fa_kernel<D, true, true, false> : attn_fa_kernel<D, true, false, false>)
+              : (feat ? attn_fa_kernel<D, false, true, false> : attn_fa_kernel<D, false, false, false>);
 }
-fa_fn fa_pick(int head_size, bool bf, bool feat)
+/* tb: the variant fa-tb (table entries a chunk ahead; for layers without per-element features) */
+fa_fn fa_pick(int head_size, bool bf, bool feat, bool tb)
 {
-    return head_size == 64 ? fa_pick_d<64>(bf, feat) : fa_pick_d<128>(bf, feat);
+    return head_size == 64 ? fa_pick_d<64>(bf, feat, tb) : fa_pick_d<128>(bf, feat, tb);
 }
 /* a layer feature that changes logits or masks per element (a property of the layer) */
 bool fa_feat(const pa_cu_attn_params *p) { return p->softcap > 0.f || p->has_alibi || p->bs_block > 0; }
@@ -1781,10 +1813,10 @@ pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
     /* the FlashAttention-2 style prefill tiles take 36-70 KB of shared memory; a device that
      * cannot give one of them its share runs the ldm tiles there (see pa_cu_attn_launch) */
     for (int d = 64; d <= 128; d += 64)
-        for (int k = 0; k < 4; k++) { /* dtype bf16 (bit 0), layer features (bit 1) */
+        for (int k = 0; k < 8; k++) { /* dtype bf16 (bit 0), layer features (bit 1), fa-tb (bit 2) */
             const size_t need = fa_smem_bytes(d);
             if (need > 48 * 1024 && need <= ctx->smem_optin)
-                PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, (k & 1) != 0, (k & 2) != 0),
+                PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, (k & 1) != 0, (k & 2) != 0, (k & 4) != 0),
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
         }
     for (const bucket &b : kBuckets) {
@@ -1840,7 +1872,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         const size_t fa_smem = fa_smem_bytes(p->head_size);
         if (v != PA_CU_PF_LDM && p->vec8 && fa_smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p));
+            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p), v == PA_CU_PF_FA_TB);
             PA_CU_LAUNCH(fn, grid, 128, fa_smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */
