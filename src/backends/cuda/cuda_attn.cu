@@ -1781,7 +1781,7 @@ fa_fn fa_pick_d(bool bf, bool feat, bool tb)
     return bf ? (feat ? attn_fa_kernel<D, true, true, false> : attn_fa_kernel<D, true, false, false>)
               : (feat ? attn_fa_kernel<D, false, true, false> : attn_fa_kernel<D, false, false, false>);
 }
-/* tb: the variant fa-tb (table entries a chunk ahead; for layers without per-element features) */
+/* tb: table entries a chunk ahead (fa, for layers without per-element features; not fa-ldg) */
 fa_fn fa_pick(int head_size, bool bf, bool feat, bool tb)
 {
     return head_size == 64 ? fa_pick_d<64>(bf, feat, tb) : fa_pick_d<128>(bf, feat, tb);
@@ -1813,7 +1813,7 @@ pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
     /* the FlashAttention-2 style prefill tiles take 36-70 KB of shared memory; a device that
      * cannot give one of them its share runs the ldm tiles there (see pa_cu_attn_launch) */
     for (int d = 64; d <= 128; d += 64)
-        for (int k = 0; k < 8; k++) { /* dtype bf16 (bit 0), layer features (bit 1), fa-tb (bit 2) */
+        for (int k = 0; k < 8; k++) { /* dtype bf16 (bit 0), layer features (bit 1), table ahead (bit 2) */
             const size_t need = fa_smem_bytes(d);
             if (need > 48 * 1024 && need <= ctx->smem_optin)
                 PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, (k & 1) != 0, (k & 2) != 0, (k & 4) != 0),
@@ -1872,7 +1872,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         const size_t fa_smem = fa_smem_bytes(p->head_size);
         if (v != PA_CU_PF_LDM && p->vec8 && fa_smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p), v == PA_CU_PF_FA_TB);
+            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p), v != PA_CU_PF_FA_LDG);
             PA_CU_LAUNCH(fn, grid, 128, fa_smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */

@@ -144,12 +144,13 @@ typedef struct pa_cu_ctx {
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
 } pa_cu_ctx;
 
-/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa-tb|ldm, for A/B runs): fa =
- * FlashAttention-2 style tiles (4 warps x 32 rows, 32-key chunks double-buffered, lazy rescale),
- * fa-tb = fa with the block-table entries loaded a chunk ahead (layers without soft-cap, ALiBi
- * or block-sparse pattern; the others take fa), ldm = the first tensor-core tiles (8 warps x 16
- * rows, 32-key chunks, ldmatrix fragments). fa needs 16-byte cache loads; without them ldm runs. */
-enum { PA_CU_PF_FA, PA_CU_PF_FA_TB, PA_CU_PF_LDM };
+/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa-ldg|ldm, for A/B runs): fa =
+ * FlashAttention-2 style tiles (4 warps x 32 rows, 32-key chunks double-buffered, lazy rescale;
+ * for layers without soft-cap, ALiBi or block-sparse pattern the block-table entries are loaded
+ * a chunk ahead), fa-ldg = fa with every table entry loaded where its copy is issued, ldm = the
+ * first tensor-core tiles (8 warps x 16 rows, 32-key chunks, ldmatrix fragments). fa needs
+ * 16-byte cache loads; without them ldm runs. */
+enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM };
 
 /* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
  * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the

@@ -73,7 +73,7 @@ for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
-for v in fa-tb ldm; do
+for v in fa-ldg ldm; do
     PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
@@ -99,8 +99,8 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step memcheck_prefill 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa-tb step memcheck_fatb 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa-tb step racecheck_fatb 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa-ldg step memcheck_faldg 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa-ldg step racecheck_faldg 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step synccheck_prefill 150 "$SAN" --tool synccheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
@@ -136,7 +136,7 @@ ab_old() { # ab_old ROUND
             step bench_prefill_$(basename "$dir")$var.$1 60 "$dir/tools/pagedattn" bench --backend cuda --cases prefill
     done
 }
-PF_VARIANTS=${PF_VARIANTS:-"fa fa-tb"}
+PF_VARIANTS=${PF_VARIANTS:-"fa fa-ldg"}
 for round in 1 2; do
     vs=$PF_VARIANTS
     [ $round = 2 ] && vs=$(echo $PF_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -155,7 +155,7 @@ if command -v ncu >/dev/null 2>&1 && [ "${FOCUS:-}" != prefill ]; then
 fi
 if command -v ncu >/dev/null 2>&1; then
     # one launch of the prefill kernel of each fa variant (tensor-pipe use, issue rate, stalls)
-    for v in ${NCU_PREFILL:-fa fa-tb}; do
+    for v in ${NCU_PREFILL:-fa}; do
         PAGEDATTN_CUDA_PREFILL=$v step ncu_prefill_$v 90 ncu --clock-control none --kernel-name regex:attn_fa \
             --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
