@@ -408,7 +408,8 @@ PA_API int pa_backend_available(const pa_backend *backend, char *reason, size_t 
 PA_API pa_cache_layout pa_backend_preferred_layout(const pa_backend *backend);
 /* The memory its caches and tensors must live in. */
 PA_API pa_memory pa_backend_memory(const pa_backend *backend);
-/* Free-form lines on what the backend runs here (ISA chosen and why, device name). */
+/* Free-form lines on what the backend runs here (ISA chosen and why, device name). The text
+ * stays valid until the next call of pa_backend_info on the same thread; any thread may call it. */
 PA_API const char *pa_backend_info(const pa_backend *backend);
 
 /* Chooses a backend: `name` if non-NULL and non-empty; else the environment variable

@@ -77,9 +77,11 @@ static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
 #endif
 }
 
+/* (per thread: the text depends on PAGEDATTN_CPU_ISA at the time of the call, so it is rebuilt
+ * on every call, and two threads asking at once must not write into each other's answer) */
 static const char *cpu_info(void)
 {
-    static char buf[512];
+    static _Thread_local char buf[512];
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_ISA");

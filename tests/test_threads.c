@@ -1,0 +1,178 @@
+/* test_threads.c: the header's promise "distinct handles may be used from distinct threads".
+ * Four application threads, each with its own context (two pool workers each), layer, batch
+ * and plan, run forward over one shared KV cache at the same time (three on the cpu backend,
+ * one on the reference), while also asking for backend info and provoking an argument error
+ * between steps. Every output must equal, bit for bit, the same step run alone beforehand, and
+ * each thread must read back its own error reason (pa_last_error is per thread). Run it under
+ * ThreadSanitizer to see races as well as wrong results. */
+#define _POSIX_C_SOURCE 200809L
+#include "test.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+enum { H = 16, HKV = 4, D = 64, BS = 16, NSEQ = 4, NTHR = 4, STEPS = 6 };
+static const pa_seq SHAPE[NSEQ] = {
+    {.context_len = 30, .query_len = 50, .is_prefill = 1},
+    {.context_len = 300, .query_len = 1},
+    {.context_len = 1000, .query_len = 1},
+    {.context_len = 77, .query_len = 2},
+};
+static int32_t tables[NSEQ][80];
+static int64_t ntok, nblocks;
+static pa_cache cache;
+static float *q;
+
+static uint64_t rng = 0x853c49e6748fea9bull;
+static float next_val(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23);
+}
+
+typedef struct job {
+    const char *backend;
+    int index;
+    const float *want; /* the step run alone */
+    float *out;
+    int mismatches, errors, reason_wrong;
+} job;
+
+static atomic_int go;
+
+/* One step on fresh handles; out receives [ntok, H, D] f32. 0 on success. */
+static int one_step(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, const pa_plan *plan,
+                    float *out)
+{
+    for (int64_t i = 0; i < ntok * H * D; i++) out[i] = -777.0f;
+    pa_forward_args a = {.q = q, .cache = &cache, .out = out};
+    return pa_attn_forward(ctx, layer, batch, plan, &a) != PA_STATUS_OK;
+}
+
+static void *worker(void *arg)
+{
+    job *j = arg;
+    pa_seq seqs[NSEQ];
+    for (int s = 0; s < NSEQ; s++) {
+        seqs[s] = SHAPE[s];
+        seqs[s].block_table = tables[s];
+        seqs[s].num_blocks = 80;
+    }
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, H, HKV, D);
+    cfg.cache_dtype = PA_DTYPE_BF16;
+    pa_layer *layer = NULL;
+    pa_batch *batch = NULL;
+    pa_context *ctx = NULL;
+    pa_plan *plan = NULL;
+    pa_batch_config bc = {.block_size = BS, .num_blocks = nblocks};
+    pa_context_options opt = {.num_threads = 2};
+    while (!atomic_load(&go)) {
+    }
+    j->errors += pa_layer_create(&cfg, &layer) != PA_STATUS_OK;
+    j->errors += pa_batch_create(&bc, seqs, NSEQ, &batch) != PA_STATUS_OK;
+    j->errors += pa_context_create(pa_backend_find(j->backend), &opt, &ctx) != PA_STATUS_OK;
+    j->errors += pa_plan_create(ctx, layer, batch, &plan) != PA_STATUS_OK;
+    if (j->errors) return NULL;
+    for (int step = 0; step < STEPS; step++) {
+        j->errors += one_step(ctx, layer, batch, plan, j->out);
+        j->mismatches += memcmp(j->out, j->want, (size_t)ntok * H * D * sizeof(float)) != 0;
+        /* between steps: info of every backend, and an error of this thread's own */
+        for (int b = 0; b < pa_backend_count(); b++)
+            j->errors += pa_backend_info(pa_backend_at(b)) == NULL;
+        int32_t bad = -(j->index + 2);
+        char want[32];
+        snprintf(want, sizeof want, "%d", (int)bad);
+        pa_status st = pa_context_set_num_threads(ctx, bad);
+        j->reason_wrong += st != PA_STATUS_INVALID_ARGUMENT || !strstr(pa_last_error(), want);
+        j->errors += pa_context_set_num_threads(ctx, 2) != PA_STATUS_OK;
+    }
+    pa_plan_destroy(plan);
+    pa_context_destroy(ctx);
+    pa_batch_destroy(batch);
+    pa_layer_destroy(layer);
+    return NULL;
+}
+
+/* The step alone on the calling thread. */
+static void alone(const char *backend, float *out)
+{
+    job j = {.backend = backend, .out = out};
+    pa_seq seqs[NSEQ];
+    for (int s = 0; s < NSEQ; s++) {
+        seqs[s] = SHAPE[s];
+        seqs[s].block_table = tables[s];
+        seqs[s].num_blocks = 80;
+    }
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, H, HKV, D);
+    cfg.cache_dtype = PA_DTYPE_BF16;
+    pa_layer *layer = NULL;
+    pa_batch *batch = NULL;
+    pa_context *ctx = NULL;
+    pa_batch_config bc = {.block_size = BS, .num_blocks = nblocks};
+    pa_context_options opt = {.num_threads = 2};
+    CHECK_OK(pa_layer_create(&cfg, &layer));
+    CHECK_OK(pa_batch_create(&bc, seqs, NSEQ, &batch));
+    CHECK_OK(pa_context_create(pa_backend_find(backend), &opt, &ctx));
+    CHECK_INT(one_step(ctx, layer, batch, NULL, out), 0);
+    (void)j;
+    pa_context_destroy(ctx);
+    pa_batch_destroy(batch);
+    pa_layer_destroy(layer);
+}
+
+int main(void)
+{
+    if (!pa_backend_find("cpu")) {
+        printf("SKIP: this build has no cpu backend\n");
+        return 77;
+    }
+    /* blocks: sequence s uses 80 consecutive ids from s * 80, in reverse order */
+    nblocks = NSEQ * 80;
+    for (int s = 0; s < NSEQ; s++)
+        for (int b = 0; b < 80; b++) tables[s][b] = s * 80 + 79 - b;
+    CHECK_OK(pa_cache_init(&cache, PA_LAYOUT_HND, PA_DTYPE_BF16, nblocks, BS, HKV, D));
+    CHECK_OK(pa_cache_alloc(&cache));
+    uint16_t *kp = cache.key, *vp = cache.value;
+    for (int64_t i = 0; i < pa_cache_pool_elems(&cache); i++)
+        kp[i] = pa_f32_to_bf16(next_val()), vp[i] = pa_f32_to_bf16(next_val());
+    ntok = 0;
+    for (int s = 0; s < NSEQ; s++) ntok += SHAPE[s].query_len;
+    q = malloc((size_t)ntok * H * D * sizeof(float));
+    for (int64_t i = 0; i < ntok * H * D; i++) q[i] = 2.0f * next_val();
+
+    const size_t n = (size_t)ntok * H * D;
+    float *want_cpu = malloc(n * sizeof(float)), *want_ref = malloc(n * sizeof(float));
+    alone("cpu", want_cpu);
+    alone("reference", want_ref);
+    /* the two differ (different summation orders) and are both a real answer */
+    int finite = 0;
+    for (size_t i = 0; i < n; i++) finite += isfinite(want_cpu[i]) && want_cpu[i] != -777.0f;
+    CHECK_INT(finite, (long long)n);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)want_cpu[i] - want_ref[i]));
+    CHECK(worst < 1e-4);
+
+    job jobs[NTHR];
+    pthread_t th[NTHR];
+    for (int t = 0; t < NTHR; t++) {
+        jobs[t] = (job){.backend = t == NTHR - 1 ? "reference" : "cpu", .index = t,
+                        .want = t == NTHR - 1 ? want_ref : want_cpu, .out = malloc(n * sizeof(float))};
+        CHECK_INT(pthread_create(&th[t], NULL, worker, &jobs[t]), 0);
+    }
+    atomic_store(&go, 1);
+    for (int t = 0; t < NTHR; t++) {
+        CHECK_INT(pthread_join(th[t], NULL), 0);
+        printf("thread %d (%s): %d steps, %d mismatches, %d errors, %d wrong reasons\n", t,
+               jobs[t].backend, STEPS, jobs[t].mismatches, jobs[t].errors, jobs[t].reason_wrong);
+        CHECK_INT(jobs[t].mismatches, 0);
+        CHECK_INT(jobs[t].errors, 0);
+        CHECK_INT(jobs[t].reason_wrong, 0);
+        free(jobs[t].out);
+    }
+    free(want_cpu), free(want_ref), free(q);
+    pa_cache_free(&cache);
+    return test_exit();
+}
