@@ -9,9 +9,12 @@
  * prefill and two decodes must then give bit-identical outputs and LSEs over both, on every
  * backend and every ISA path of the cpu backend this machine runs; the cpu results must also
  * agree with the reference. Then block copies and swaps inside and across the huge pools are
- * read back token by token. Skips (77) where the system will not reserve the address space. */
+ * read back token by token. Where the cuda backend runs, the same on device pools (real
+ * allocations there: up to 2 x 16 GiB for the f32 case; a case the device cannot hold is
+ * skipped). Skips (77) where the system will not reserve the address space. */
 #define _DEFAULT_SOURCE
 #include "test.h"
+#include "cuda_test.h"
 #include "test_cpu_isa.h"
 
 #include <stdbool.h>
@@ -146,6 +149,188 @@ static void check_same_token(const char *what, const pa_cache *c, int64_t slot, 
     test__checks++;
 }
 
+/* ---- the cuda backend, where it runs ------------------------------------------------------ */
+
+static const pa__cuda_test_hooks *CU; /* NULL: no cuda backend here */
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    if (CU->malloc_dev(&d, bytes)) return NULL;
+    if (host && CU->memcpy_sync(d, host, bytes, 0)) {
+        CU->free_dev(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Device pools of the geometry in p->c (key/value replaced); 0 if the device cannot hold them. */
+static int dev_pools(pa_cache *c, int fill)
+{
+    size_t bytes = (size_t)pa_cache_pool_elems(c) * pa_dtype_size(c->dtype);
+    c->key = c->value = NULL;
+    if (CU->malloc_dev(&c->key, bytes) || CU->malloc_dev(&c->value, bytes)) return 0;
+    c->memory = PA_MEMORY_CUDA;
+    if (fill >= 0) {
+        CHECK_INT(CU->memset_dev(c->key, fill, bytes), 0);
+        CHECK_INT(CU->memset_dev(c->value, fill, bytes), 0);
+    }
+    return 1;
+}
+
+static void free_dev_pools(pa_cache *c)
+{
+    if (c->key) CU->free_dev(c->key);
+    if (c->value) CU->free_dev(c->value);
+    c->key = c->value = NULL;
+}
+
+/* Block b of both pools of device cache c, copied to host (k then v). */
+static void read_block(const pa_cache *c, int64_t b, unsigned char *out)
+{
+    size_t es = pa_dtype_size(c->dtype), n = (size_t)c->block_stride * es;
+    CHECK_INT(CU->memcpy_sync(out, (const char *)c->key + (size_t)b * n, n, 1), 0);
+    CHECK_INT(CU->memcpy_sync(out + n, (const char *)c->value + (size_t)b * n, n, 1), 0);
+}
+
+static void check_same_block(const char *what, const pa_cache *c, int64_t b, const pa_cache *d, int64_t db)
+{
+    size_t n = 2 * (size_t)c->block_stride * pa_dtype_size(c->dtype);
+    unsigned char *x = malloc(n), *y = malloc(n);
+    read_block(c, b, x);
+    read_block(d, db, y);
+    if (memcmp(x, y, n)) TEST_FAIL("cuda %s: block %" PRId64 " and block %" PRId64 " differ", what, b, db);
+    test__checks++;
+    free(x), free(y);
+}
+
+/* Token slot `slot` of device cache c and `dslot` of d, compared through host copies of their
+ * blocks (the rest of a block may differ: unwritten slots hold each pool's own filler). */
+static void check_same_token_dev(const char *what, const pa_cache *c, int64_t slot, const pa_cache *d,
+                                 int64_t dslot)
+{
+    size_t n = (size_t)c->block_stride * pa_dtype_size(c->dtype);
+    unsigned char *x = malloc(2 * n), *y = malloc(2 * n);
+    read_block(c, slot / BS, x);
+    read_block(d, dslot / BS, y);
+    pa_cache hc = *c, hd = *d;
+    hc.num_blocks = hd.num_blocks = 1;
+    hc.memory = hd.memory = PA_MEMORY_HOST;
+    hc.key = x, hc.value = x + n, hd.key = y, hd.value = y + n;
+    check_same_token(what, &hc, slot % BS, &hd, dslot % BS);
+    free(x), free(y);
+}
+
+/* forward on the cuda backend: host q/k/v in, host out/lse back. */
+static void forward_cuda(const pa_layer *layer, const pa_seq *seqs, int64_t num_blocks, const pa_cache *cache,
+                         const float *q, const float *k, const float *v, int64_t ntok, result *res)
+{
+    pa_context *ctx = NULL;
+    pa_batch *batch = NULL;
+    pa_plan *plan = NULL;
+    pa_batch_config bc = {.block_size = BS, .num_blocks = num_blocks};
+    const size_t qb = (size_t)ntok * H * D * sizeof(float), kb = (size_t)ntok * HKV * D * sizeof(float);
+    for (size_t i = 0; i < qb / sizeof(float); i++) res->out[i] = -12345.0f;
+    for (int64_t i = 0; i < ntok * H; i++) res->lse[i] = -12345.0f;
+    void *dq = dev_copy(q, qb), *dk = dev_copy(k, kb), *dv = dev_copy(v, kb);
+    void *dout = dev_copy(res->out, qb), *dlse = dev_copy(res->lse, (size_t)ntok * H * sizeof(float));
+    CHECK(dq && dk && dv && dout && dlse);
+    CHECK_OK(pa_context_create(pa_backend_find("cuda"), NULL, &ctx));
+    CHECK_OK(pa_batch_create(&bc, seqs, NSEQ, &batch));
+    CHECK_OK(pa_plan_create(ctx, layer, batch, &plan));
+    pa_forward_args a = {.q = dq, .k = dk, .v = dv, .cache = cache, .out = dout, .lse = dlse};
+    CHECK_OK(pa_attn_forward(ctx, layer, batch, plan, &a));
+    CHECK_OK(pa_context_synchronize(ctx));
+    CHECK_INT(CU->memcpy_sync(res->out, dout, qb, 1), 0);
+    CHECK_INT(CU->memcpy_sync(res->lse, dlse, (size_t)ntok * H * sizeof(float), 1), 0);
+    pa_plan_destroy(plan);
+    pa_batch_destroy(batch);
+    pa_context_destroy(ctx);
+    CU->free_dev(dq), CU->free_dev(dk), CU->free_dev(dv), CU->free_dev(dout), CU->free_dev(dlse);
+}
+
+typedef struct case_data {
+    const char *lname;
+    pa_cache_layout layout;
+    pa_dtype dt;
+    const layout_run *r;
+    int64_t small_blocks, nctx, ntok;
+    const float *ck, *cv, *q, *k, *v;
+    const int64_t *big_slots, *small_slots;
+    const pa_layer *layer;
+    const result *ref;
+} case_data;
+
+/* The cpu part's steps on device pools: writes, forward over both, block copy and swap. */
+static void cuda_case(const case_data *cd)
+{
+    pa_cache big, small;
+    CHECK_OK(pa_cache_init(&big, cd->layout, cd->dt, BIG_BLOCKS, BS, HKV, D));
+    CHECK_OK(pa_cache_init(&small, cd->layout, cd->dt, cd->small_blocks, BS, HKV, D));
+    if (!dev_pools(&big, -1)) {
+        printf("%s %s cuda: SKIP, the device cannot hold 2 x %" PRId64 " bytes\n", cd->lname,
+               pa_dtype_name(cd->dt), pa_cache_pool_elems(&big) * (int64_t)pa_dtype_size(cd->dt));
+        free_dev_pools(&big);
+        return;
+    }
+    CHECK(dev_pools(&small, 0xff));
+    pa_context *ctx = NULL;
+    CHECK_OK(pa_context_create(pa_backend_find("cuda"), NULL, &ctx));
+    const size_t cb = (size_t)cd->nctx * HKV * D * sizeof(float);
+    void *dck = dev_copy(cd->ck, cb), *dcv = dev_copy(cd->cv, cb);
+    CHECK(dck && dcv);
+    CHECK_OK(pa_cache_write(ctx, &big, PA_DTYPE_F32, dck, 0, dcv, 0, cd->big_slots, cd->nctx, 1.0f, 1.0f));
+    CHECK_OK(pa_cache_write(ctx, &small, PA_DTYPE_F32, dck, 0, dcv, 0, cd->small_slots, cd->nctx, 1.0f, 1.0f));
+    CHECK_OK(pa_context_synchronize(ctx));
+    CU->free_dev(dck), CU->free_dev(dcv);
+    for (int s = 0; s < NSEQ; s++)
+        check_same_block("pa_cache_write", &big, cd->r->big_table[s][0], &small, cd->r->small_table[s][0]);
+
+    const int64_t no = cd->ntok * H * D, nl = cd->ntok * H;
+    result rb = {malloc((size_t)no * sizeof(float)), malloc((size_t)nl * sizeof(float))};
+    result rs = {malloc((size_t)no * sizeof(float)), malloc((size_t)nl * sizeof(float))};
+    forward_cuda(cd->layer, cd->r->big_seqs, BIG_BLOCKS, &big, cd->q, cd->k, cd->v, cd->ntok, &rb);
+    forward_cuda(cd->layer, cd->r->small_seqs, cd->small_blocks, &small, cd->q, cd->k, cd->v, cd->ntok, &rs);
+    const bool same = bits_equal(rb.out, rs.out, no) && bits_equal(rb.lse, rs.lse, nl);
+    if (!same) TEST_FAIL("%s %s cuda: huge and small pools differ", cd->lname, pa_dtype_name(cd->dt));
+    test__checks++;
+    double worst = 0;
+    for (int64_t j = 0; j < no; j++) {
+        double e = fabs((double)rb.out[j] - cd->ref->out[j]);
+        if (!(e <= worst)) worst = e;
+    }
+    for (int64_t j = 0; j < nl; j++) {
+        double e = fabs((double)rb.lse[j] - cd->ref->lse[j]);
+        if (!(e <= worst)) worst = e;
+    }
+    /* (16-bit caches may take the tensor-core paths, which round P to the value dtype) */
+    if (!(worst <= 1e-2)) TEST_FAIL("%s %s cuda: %g from the reference", cd->lname, pa_dtype_name(cd->dt), worst);
+    test__checks++;
+    printf("%s %s cuda: %s over both pools, %.2g from the reference\n", cd->lname, pa_dtype_name(cd->dt),
+           same ? "bit-identical" : "DIFFERENT", worst);
+    /* the forward's own writes of the new tokens, at the top of the pool */
+    for (int s = 0; s < NSEQ; s++) {
+        int p = SEQ_SHAPE[s].context_len + SEQ_SHAPE[s].query_len - 1;
+        check_same_token_dev("forward's cache write", &big, (int64_t)cd->r->big_table[s][p / BS] * BS + p % BS,
+                             &small, (int64_t)cd->r->small_table[s][p / BS] * BS + p % BS);
+    }
+
+    const int64_t src = cd->r->big_table[1][0], lowdst = ((int64_t)1 << 19) - 7, hidst = BIG_BLOCKS - 2;
+    const int64_t cp[4] = {src, lowdst, src, hidst};
+    CHECK_OK(pa_cache_copy_blocks(ctx, &big, 1, cp, 2));
+    const int64_t sw_out[2] = {cd->r->big_table[1][1], 0}, sw_in[2] = {0, BIG_BLOCKS - 3};
+    CHECK_OK(pa_cache_swap_blocks(ctx, &big, &small, sw_out, 1));
+    CHECK_OK(pa_cache_swap_blocks(ctx, &small, &big, sw_in, 1));
+    CHECK_OK(pa_context_synchronize(ctx));
+    check_same_block("copy to a low block", &big, lowdst, &small, cd->r->small_table[1][0]);
+    check_same_block("copy to a high block", &big, hidst, &small, cd->r->small_table[1][0]);
+    check_same_block("swap out and in", &big, BIG_BLOCKS - 3, &big, cd->r->big_table[1][1]);
+    pa_context_destroy(ctx);
+    free(rb.out), free(rb.lse), free(rs.out), free(rs.lse);
+    free_dev_pools(&big);
+    free_dev_pools(&small);
+}
+
 static void run_case(pa_cache_layout layout, pa_dtype cache_dt)
 {
     const char *lname = layout == PA_LAYOUT_NHD ? "NHD" : "HND";
@@ -214,7 +399,7 @@ static void run_case(pa_cache_layout layout, pa_dtype cache_dt)
                          (int64_t)r.small_table[s][p / BS] * BS + p % BS);
     }
 
-    for (int i = 0; i < TEST_CPU_NISA; i++) {
+    for (int i = 0; cpu && i < TEST_CPU_NISA; i++) {
         if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
         forward(cpu, layer, r.big_seqs, BIG_BLOCKS, &big.c, q, k, v, ntok, &rb);
         forward(cpu, layer, r.small_seqs, small_blocks, &small.c, q, k, v, ntok, &rs);
@@ -243,8 +428,8 @@ static void run_case(pa_cache_layout layout, pa_dtype cache_dt)
 
     /* Block copy inside the huge pool, from the top to just past 2^31 elements and back down,
      * then a swap of the top blocks into the small pools and back to other top blocks. */
-    pa_context *ctx = NULL;
-    CHECK_OK(pa_context_create(cpu, NULL, &ctx));
+    pa_context *ctx = NULL; /* (host cache ops: the cpu backend's where it is built) */
+    if (cpu) CHECK_OK(pa_context_create(cpu, NULL, &ctx));
     const int64_t src = r.big_table[1][0], lowdst = ((int64_t)1 << 19) - 7, hidst = BIG_BLOCKS - 2;
     const int64_t cp[4] = {src, lowdst, src, hidst};
     CHECK_OK(pa_cache_copy_blocks(ctx, &big.c, 1, cp, 2));
@@ -261,6 +446,12 @@ static void run_case(pa_cache_layout layout, pa_dtype cache_dt)
     }
     pa_context_destroy(ctx);
 
+    if (CU) {
+        case_data cd = {lname, layout, cache_dt, &r, small_blocks, nctx, ntok, ck, cv, q, k, v,
+                        big_slots, small_slots, layer, &ref};
+        cuda_case(&cd);
+    }
+
     free(ref.out), free(ref.lse), free(rb.out), free(rb.lse), free(rs.out), free(rs.lse);
     free(q), free(k), free(v), free(ck), free(cv), free(big_slots), free(small_slots);
     pa_layer_destroy(layer);
@@ -270,6 +461,8 @@ static void run_case(pa_cache_layout layout, pa_dtype cache_dt)
 
 int main(void)
 {
+    const pa__cuda_test_hooks *hooks = NULL;
+    if (cuda_test_open(&hooks)) CU = hooks; /* (else it printed why the cuda part is skipped) */
     const pa_dtype dts[] = {PA_DTYPE_BF16, PA_DTYPE_F32, PA_DTYPE_FP8_E4M3};
     for (int l = 0; l < 2; l++)
         for (size_t i = 0; i < sizeof dts / sizeof *dts; i++)

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <map>
 #include <mutex>
@@ -182,23 +183,39 @@ cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 /* "Device" allocations, so that cudaPointerGetAttributes can tell them from host memory. */
 static std::map<uintptr_t, size_t> g_dev_allocs;
 static std::mutex g_dev_mu;
+/* Allocations of 1 GiB or more are address space only (MAP_NORESERVE, zero until touched), so
+ * that a test can hold pools larger than this machine's memory and use a few of their blocks
+ * (test_large_cache); smaller ones are filled with garbage, as fresh device memory is. */
+static const size_t k_emu_big_alloc = (size_t)1 << 30;
+static std::map<uintptr_t, size_t> g_big_allocs; /* (under g_dev_mu) */
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
-    *p = malloc(n ? n : 1);
-    if (*p) memset(*p, 0xa5, n); /* garbage, as fresh device memory is */
+    if (n >= k_emu_big_alloc) {
+        void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        *p = m == MAP_FAILED ? NULL : m;
+    } else {
+        *p = malloc(n ? n : 1);
+        if (*p) memset(*p, 0xa5, n);
+    }
     if (*p) {
         std::lock_guard<std::mutex> lk(g_dev_mu);
         g_dev_allocs[(uintptr_t)*p] = n ? n : 1;
+        if (n >= k_emu_big_alloc) g_big_allocs[(uintptr_t)*p] = n;
     }
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void *p)
 {
+    size_t big = 0;
     if (p) {
         std::lock_guard<std::mutex> lk(g_dev_mu);
         g_dev_allocs.erase((uintptr_t)p);
+        auto it = g_big_allocs.find((uintptr_t)p);
+        if (it != g_big_allocs.end()) big = it->second, g_big_allocs.erase(it);
     }
-    free(p);
+    if (big) munmap(p, big);
+    else free(p);
     return cudaSuccess;
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *ptr)

@@ -31,7 +31,7 @@ pids+=($!)
 gcc -std=c11 $FLAGS -DPAGEDATTN_BUILDING -DPAGEDATTN_HAVE_CUDA $INC -c src/core/registry.c -o "$O/registry.o" &
 pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done # (a bare wait returns 0 whatever the jobs did)
-for t in test_cuda_grid test_cuda_ops test_cuda_splits; do
+for t in test_cuda_grid test_cuda_ops test_cuda_splits test_large_cache; do
     gcc -std=c11 $FLAGS $INC -c tests/$t.c -o "$O/$t.o"
     g++ $FLAGS "$O/$t.o" "$O"/registry.o "$O"/cuda_backend.o "$O"/cuda_host.o "$O"/cuda_attn.o \
         "$O"/cuda_ops.o "$O"/cuda_emu.o "$B/tests/libpagedattn_testsupport.a" "$B/libpagedattn.a" \
@@ -41,5 +41,7 @@ echo "== emulated test_cuda_ops"
 "$O/test_cuda_ops"
 echo "== emulated test_cuda_splits"
 "$O/test_cuda_splits"
+echo "== emulated test_large_cache (pools past 2^32 elements; its cpu part runs natively)"
+"$O/test_large_cache"
 echo "== emulated test_cuda_grid ${1:-(all cases)}"
 "$O/test_cuda_grid" "$@"
