@@ -6,8 +6,9 @@
 # instructions; the grid then compares with the reference as usual. Aligned loads and stores
 # check their address here (the hardware faults on a misaligned one, SIMDe would not): a
 # misaligned one aborts with "alignment check failed".
-# Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes and a short random sweep per
-# path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE, 30 cases).
+# Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes,
+# test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
+# 30 cases).
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
 #        SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" bench/check_avx512_simde.sh
 #        builds everything under the sanitizers (a read past a row by a 512-bit load fails it).
@@ -90,7 +91,7 @@ for isa in ${ISAS:-avx512 avx512bf16}; do
 done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  for t in test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes; do
+  for t in test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache; do
     echo "== $t (SIMDe)"
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"

@@ -9,7 +9,6 @@
 #include "test.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 
 enum { H = 16, HKV = 4, D = 64, BS = 16, NSEQ = 4, NTHR = 4, STEPS = 6 };
@@ -39,7 +38,7 @@ typedef struct job {
     int mismatches, errors, reason_wrong;
 } job;
 
-static atomic_int go;
+static pthread_barrier_t start; /* all threads begin their steps together */
 
 /* One step on fresh handles; out receives [ntok, H, D] f32. 0 on success. */
 static int one_step(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, const pa_plan *plan,
@@ -68,8 +67,7 @@ static void *worker(void *arg)
     pa_plan *plan = NULL;
     pa_batch_config bc = {.block_size = BS, .num_blocks = nblocks};
     pa_context_options opt = {.num_threads = 2};
-    while (!atomic_load(&go)) {
-    }
+    pthread_barrier_wait(&start);
     j->errors += pa_layer_create(&cfg, &layer) != PA_STATUS_OK;
     j->errors += pa_batch_create(&bc, seqs, NSEQ, &batch) != PA_STATUS_OK;
     j->errors += pa_context_create(pa_backend_find(j->backend), &opt, &ctx) != PA_STATUS_OK;
@@ -98,7 +96,6 @@ static void *worker(void *arg)
 /* The step alone on the calling thread. */
 static void alone(const char *backend, float *out)
 {
-    job j = {.backend = backend, .out = out};
     pa_seq seqs[NSEQ];
     for (int s = 0; s < NSEQ; s++) {
         seqs[s] = SHAPE[s];
@@ -117,7 +114,6 @@ static void alone(const char *backend, float *out)
     CHECK_OK(pa_batch_create(&bc, seqs, NSEQ, &batch));
     CHECK_OK(pa_context_create(pa_backend_find(backend), &opt, &ctx));
     CHECK_INT(one_step(ctx, layer, batch, NULL, out), 0);
-    (void)j;
     pa_context_destroy(ctx);
     pa_batch_destroy(batch);
     pa_layer_destroy(layer);
@@ -157,12 +153,13 @@ int main(void)
 
     job jobs[NTHR];
     pthread_t th[NTHR];
+    CHECK_INT(pthread_barrier_init(&start, NULL, NTHR + 1), 0);
     for (int t = 0; t < NTHR; t++) {
         jobs[t] = (job){.backend = t == NTHR - 1 ? "reference" : "cpu", .index = t,
                         .want = t == NTHR - 1 ? want_ref : want_cpu, .out = malloc(n * sizeof(float))};
         CHECK_INT(pthread_create(&th[t], NULL, worker, &jobs[t]), 0);
     }
-    atomic_store(&go, 1);
+    pthread_barrier_wait(&start);
     for (int t = 0; t < NTHR; t++) {
         CHECK_INT(pthread_join(th[t], NULL), 0);
         printf("thread %d (%s): %d steps, %d mismatches, %d errors, %d wrong reasons\n", t,
@@ -172,6 +169,7 @@ int main(void)
         CHECK_INT(jobs[t].reason_wrong, 0);
         free(jobs[t].out);
     }
+    pthread_barrier_destroy(&start);
     free(want_cpu), free(want_ref), free(q);
     pa_cache_free(&cache);
     return test_exit();

@@ -65,6 +65,7 @@ step info 30 "$CLI" info
 step ops 90 "$T/test_cuda_ops" &
 step splits 90 "$T/test_cuda_splits" &
 step grid 150 "$T/test_cuda_grid" &
+step large_cache 120 "$T/test_large_cache" & # (device pools of up to 2 x 16 GiB)
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
