@@ -49,9 +49,17 @@ static int one_step(pa_context *ctx, const pa_layer *layer, const pa_batch *batc
     return pa_attn_forward(ctx, layer, batch, plan, &a) != PA_STATUS_OK;
 }
 
-static void *worker(void *arg)
+/* A thread's handles: its own layer, batch, context (two workers) and, with plan set, plan. */
+typedef struct handles {
+    pa_layer *layer;
+    pa_batch *batch;
+    pa_context *ctx;
+    pa_plan *plan;
+} handles;
+
+/* Creates them; the number of failed calls. */
+static int open_handles(const char *backend, handles *hd, bool plan)
 {
-    job *j = arg;
     pa_seq seqs[NSEQ];
     for (int s = 0; s < NSEQ; s++) {
         seqs[s] = SHAPE[s];
@@ -61,20 +69,32 @@ static void *worker(void *arg)
     pa_layer_config cfg;
     pa_layer_config_init(&cfg, H, HKV, D);
     cfg.cache_dtype = PA_DTYPE_BF16;
-    pa_layer *layer = NULL;
-    pa_batch *batch = NULL;
-    pa_context *ctx = NULL;
-    pa_plan *plan = NULL;
     pa_batch_config bc = {.block_size = BS, .num_blocks = nblocks};
     pa_context_options opt = {.num_threads = 2};
+    memset(hd, 0, sizeof *hd);
+    int errors = pa_layer_create(&cfg, &hd->layer) != PA_STATUS_OK;
+    errors += pa_batch_create(&bc, seqs, NSEQ, &hd->batch) != PA_STATUS_OK;
+    errors += pa_context_create(pa_backend_find(backend), &opt, &hd->ctx) != PA_STATUS_OK;
+    if (plan && !errors) errors += pa_plan_create(hd->ctx, hd->layer, hd->batch, &hd->plan) != PA_STATUS_OK;
+    return errors;
+}
+
+static void close_handles(handles *hd)
+{
+    pa_plan_destroy(hd->plan);
+    pa_context_destroy(hd->ctx);
+    pa_batch_destroy(hd->batch);
+    pa_layer_destroy(hd->layer);
+}
+
+static void *worker(void *arg)
+{
+    job *j = arg;
+    handles hd;
     pthread_barrier_wait(&start);
-    j->errors += pa_layer_create(&cfg, &layer) != PA_STATUS_OK;
-    j->errors += pa_batch_create(&bc, seqs, NSEQ, &batch) != PA_STATUS_OK;
-    j->errors += pa_context_create(pa_backend_find(j->backend), &opt, &ctx) != PA_STATUS_OK;
-    j->errors += pa_plan_create(ctx, layer, batch, &plan) != PA_STATUS_OK;
-    if (j->errors) return NULL;
-    for (int step = 0; step < STEPS; step++) {
-        j->errors += one_step(ctx, layer, batch, plan, j->out);
+    j->errors += open_handles(j->backend, &hd, true);
+    for (int step = 0; step < STEPS && !j->errors; step++) {
+        j->errors += one_step(hd.ctx, hd.layer, hd.batch, hd.plan, j->out);
         j->mismatches += memcmp(j->out, j->want, (size_t)ntok * H * D * sizeof(float)) != 0;
         /* between steps: info of every backend, and an error of this thread's own */
         for (int b = 0; b < pa_backend_count(); b++)
@@ -82,41 +102,21 @@ static void *worker(void *arg)
         int32_t bad = -(j->index + 2);
         char want[32];
         snprintf(want, sizeof want, "%d", (int)bad);
-        pa_status st = pa_context_set_num_threads(ctx, bad);
+        pa_status st = pa_context_set_num_threads(hd.ctx, bad);
         j->reason_wrong += st != PA_STATUS_INVALID_ARGUMENT || !strstr(pa_last_error(), want);
-        j->errors += pa_context_set_num_threads(ctx, 2) != PA_STATUS_OK;
+        j->errors += pa_context_set_num_threads(hd.ctx, 2) != PA_STATUS_OK;
     }
-    pa_plan_destroy(plan);
-    pa_context_destroy(ctx);
-    pa_batch_destroy(batch);
-    pa_layer_destroy(layer);
+    close_handles(&hd);
     return NULL;
 }
 
-/* The step alone on the calling thread. */
+/* The step alone on the calling thread (a temporary plan). */
 static void alone(const char *backend, float *out)
 {
-    pa_seq seqs[NSEQ];
-    for (int s = 0; s < NSEQ; s++) {
-        seqs[s] = SHAPE[s];
-        seqs[s].block_table = tables[s];
-        seqs[s].num_blocks = 80;
-    }
-    pa_layer_config cfg;
-    pa_layer_config_init(&cfg, H, HKV, D);
-    cfg.cache_dtype = PA_DTYPE_BF16;
-    pa_layer *layer = NULL;
-    pa_batch *batch = NULL;
-    pa_context *ctx = NULL;
-    pa_batch_config bc = {.block_size = BS, .num_blocks = nblocks};
-    pa_context_options opt = {.num_threads = 2};
-    CHECK_OK(pa_layer_create(&cfg, &layer));
-    CHECK_OK(pa_batch_create(&bc, seqs, NSEQ, &batch));
-    CHECK_OK(pa_context_create(pa_backend_find(backend), &opt, &ctx));
-    CHECK_INT(one_step(ctx, layer, batch, NULL, out), 0);
-    pa_context_destroy(ctx);
-    pa_batch_destroy(batch);
-    pa_layer_destroy(layer);
+    handles hd;
+    CHECK_INT(open_handles(backend, &hd, false), 0);
+    CHECK_INT(one_step(hd.ctx, hd.layer, hd.batch, NULL, out), 0);
+    close_handles(&hd);
 }
 
 int main(void)
