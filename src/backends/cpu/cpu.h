@@ -144,6 +144,12 @@ typedef struct pa__cpu_kernels {
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
+    /* Optional (NULL: qk_src). qk_src for bf16 key rows with the query rows pair-split
+     * (pa__cpu_pair_split: each 16 dims stored as the 8 even ones, then the 8 odd ones), so that
+     * one 32-byte load of 16 bf16 values becomes fp32 by one shift (even dims) and one AND (odd
+     * dims) instead of two zero-extends and two shifts. nr % 4 == 0. */
+    void (*qk_src_pairs)(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
+                         const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
      * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
      * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
@@ -156,6 +162,18 @@ typedef struct pa__cpu_kernels {
 } pa__cpu_kernels;
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
+
+/* Rows r < nr of q (dp apart, dp % 16 == 0) rearranged in place for qk_src_pairs: in every 16
+ * dims, the 8 even dims first, then the 8 odd ones. */
+static inline void pa__cpu_pair_split(float *q, int nr, int dp)
+{
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < dp; j += 16) {
+            float *b = q + (size_t)r * dp + j, t[16];
+            for (int i = 0; i < 8; i++) t[i] = b[2 * i], t[8 + i] = b[2 * i + 1];
+            memcpy(b, t, sizeof t);
+        }
+}
 
 /* A probability that marks a masked key (see exp_row): -0.0f. */
 static inline bool pa__cpu_masked(float p)

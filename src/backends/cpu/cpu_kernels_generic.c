@@ -100,5 +100,6 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->pv_src = NULL;
     k->qk_src_bf16 = NULL;
     k->qk_t_bf16 = NULL;
+    k->qk_src_pairs = NULL;
     k->pf_spread = false;
 }

@@ -896,6 +896,114 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
     }
 }
 
+/* Keeps a loaded vector in a register: gcc folds a load into every instruction that uses it
+ * when it can, so a query vector feeding two FMAs was loaded twice (20 loads per 16 FMAs, more
+ * than a Zen 1-class core's one 256-bit load per cycle keeps up with). */
+#define PIN(x) __asm__("" : "+x"(x))
+
+/* QK of 4 pair-split query rows (pa__cpu_pair_split) over bf16 key rows, two keys at a time
+ * over 16-dim steps: one 32-byte load per key, its even dims by a shift, its odd dims by an AND,
+ * 8 accumulators (12 with three keys would need 17 registers with the converted keys, the mask
+ * and a query vector). Every key's lanes sum the same dims in the same order, the lone last key
+ * included, so a score does not depend on the key's place in the tile. */
+static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, float *s, int lds,
+                      const pa__cpu_pf *pf)
+{
+    int pi = 0;
+    const float *q0 = q, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) {
+        const uint16_t *k0 = krows[c], *k1 = krows[c + 1];
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
+        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        for (int j = 0; j < dp; j += 16) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(k1 + j));
+            PIN(w0);
+            PIN(w1);
+            __m256 x0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+            __m256 x1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+            __m256 w = _mm256_load_ps(q0 + j);
+            PIN(w);
+            a00 = _mm256_fmadd_ps(w, x0, a00);
+            a01 = _mm256_fmadd_ps(w, x1, a01);
+            w = _mm256_load_ps(q1 + j);
+            PIN(w);
+            a10 = _mm256_fmadd_ps(w, x0, a10);
+            a11 = _mm256_fmadd_ps(w, x1, a11);
+            w = _mm256_load_ps(q2 + j);
+            PIN(w);
+            a20 = _mm256_fmadd_ps(w, x0, a20);
+            a21 = _mm256_fmadd_ps(w, x1, a21);
+            w = _mm256_load_ps(q3 + j);
+            PIN(w);
+            a30 = _mm256_fmadd_ps(w, x0, a30);
+            a31 = _mm256_fmadd_ps(w, x1, a31);
+            x0 = _mm256_castsi256_ps(_mm256_and_si256(w0, odd));
+            x1 = _mm256_castsi256_ps(_mm256_and_si256(w1, odd));
+            w = _mm256_load_ps(q0 + j + 8);
+            PIN(w);
+            a00 = _mm256_fmadd_ps(w, x0, a00);
+            a01 = _mm256_fmadd_ps(w, x1, a01);
+            w = _mm256_load_ps(q1 + j + 8);
+            PIN(w);
+            a10 = _mm256_fmadd_ps(w, x0, a10);
+            a11 = _mm256_fmadd_ps(w, x1, a11);
+            w = _mm256_load_ps(q2 + j + 8);
+            PIN(w);
+            a20 = _mm256_fmadd_ps(w, x0, a20);
+            a21 = _mm256_fmadd_ps(w, x1, a21);
+            w = _mm256_load_ps(q3 + j + 8);
+            PIN(w);
+            a30 = _mm256_fmadd_ps(w, x0, a30);
+            a31 = _mm256_fmadd_ps(w, x1, a31);
+        }
+        __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
+        if (pf) {
+            int pe = (int)((int64_t)(c + 2) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+        __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
+        _mm_storel_pi((__m64 *)(s + c), lo);
+        _mm_storeh_pi((__m64 *)(s + lds + c), lo);
+        _mm_storel_pi((__m64 *)(s + 2 * lds + c), hi);
+        _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
+    }
+    if (c < nc) {
+        const uint16_t *k0 = krows[c];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, z = a0;
+        for (int j = 0; j < dp; j += 16) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
+            __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
+            x = _mm256_castsi256_ps(_mm256_and_si256(w0, odd));
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j + 8), x, a0);
+            a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j + 8), x, a1);
+            a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j + 8), x, a2);
+            a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j + 8), x, a3);
+        }
+        float u[8];
+        _mm256_storeu_ps(u, hsum8(a0, a1, a2, a3, z, z, z, z));
+        for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
+    }
+    if (pf) pf_rows(pf, pi, pf->n);
+}
+
+static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
+                            const pa__cpu_pf *pf)
+{
+    const int ng = nr / 4;
+    for (int g = 0; g < ng; g++) {
+        pa__cpu_pf part = pf_part(pf, g, ng);
+        qk4_pairs(krows, nc, q + (size_t)4 * g * dp, dp, s + (size_t)4 * g * lds, lds, pf ? &part : NULL);
+    }
+}
+
 /* Whether some E4M3 value among the first d bytes of the n rows is a NaN (S.1111.111). */
 static bool e4m3_rows_nan(const void *const *rows, int n, int d)
 {
@@ -991,6 +1099,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->pv = a2_pv;
     k->store_row = a2_store_row;
     k->qk_src = a2_qk_src;
+    k->qk_src_pairs = a2_qk_src_pairs;
     k->load_rows_t = a2_load_rows_t;
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;

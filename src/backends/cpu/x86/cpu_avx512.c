@@ -341,6 +341,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
     k->load_rows = a5_load_rows;
     k->pv = a5_pv;
     k->qk_src = a5_qk_src;
+    k->qk_src_pairs = NULL; /* (the AVX2 table's: a5_qk_src is the one to run) */
     k->pv_src = a5_pv_src;
     k->qk_t = a5_qk_t;
     k->pf_spread = true;
