@@ -611,6 +611,16 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
  * exact power of two), applied once to the scores and to the PV accumulators. */
 
 /* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
+/* Scores of 4 rows x 2 keys (c, c + 1) from hsum8(r0k0, r0k1, r1k0, r1k1, ..., r3k1). */
+static inline __attribute__((always_inline)) void store4x2(float *s, int lds, int c, __m256 t)
+{
+    __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
+    _mm_storel_pi((__m64 *)(s + c), lo);
+    _mm_storeh_pi((__m64 *)(s + lds + c), lo);
+    _mm_storel_pi((__m64 *)(s + 2 * lds + c), hi);
+    _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
+}
+
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
     if (is_e4m3(dt))
@@ -721,11 +731,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             pi = pe;
         }
         if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
-        __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
-        _mm_storel_pi((__m64 *)(s + c), lo);
-        _mm_storeh_pi((__m64 *)(s + lds + c), lo);
-        _mm_storel_pi((__m64 *)(s + 2 * lds + c), hi);
-        _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
+        store4x2(s, lds, c, t);
     }
     if (c < nc) {
         const char *k0 = krows[c];
@@ -910,85 +916,50 @@ static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, 
                       const pa__cpu_pf *pf)
 {
     int pi = 0;
-    const float *q0 = q, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
     const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
     int c = 0;
     for (; c + 2 <= nc; c += 2) {
         const uint16_t *k0 = krows[c], *k1 = krows[c + 1];
-        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
-        __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        __m256 a[4][2];
+        for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
         for (int j = 0; j < dp; j += 16) {
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(k1 + j));
             PIN(w0);
             PIN(w1);
-            __m256 x0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
-            __m256 x1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-            __m256 w = _mm256_load_ps(q0 + j);
-            PIN(w);
-            a00 = _mm256_fmadd_ps(w, x0, a00);
-            a01 = _mm256_fmadd_ps(w, x1, a01);
-            w = _mm256_load_ps(q1 + j);
-            PIN(w);
-            a10 = _mm256_fmadd_ps(w, x0, a10);
-            a11 = _mm256_fmadd_ps(w, x1, a11);
-            w = _mm256_load_ps(q2 + j);
-            PIN(w);
-            a20 = _mm256_fmadd_ps(w, x0, a20);
-            a21 = _mm256_fmadd_ps(w, x1, a21);
-            w = _mm256_load_ps(q3 + j);
-            PIN(w);
-            a30 = _mm256_fmadd_ps(w, x0, a30);
-            a31 = _mm256_fmadd_ps(w, x1, a31);
-            x0 = _mm256_castsi256_ps(_mm256_and_si256(w0, odd));
-            x1 = _mm256_castsi256_ps(_mm256_and_si256(w1, odd));
-            w = _mm256_load_ps(q0 + j + 8);
-            PIN(w);
-            a00 = _mm256_fmadd_ps(w, x0, a00);
-            a01 = _mm256_fmadd_ps(w, x1, a01);
-            w = _mm256_load_ps(q1 + j + 8);
-            PIN(w);
-            a10 = _mm256_fmadd_ps(w, x0, a10);
-            a11 = _mm256_fmadd_ps(w, x1, a11);
-            w = _mm256_load_ps(q2 + j + 8);
-            PIN(w);
-            a20 = _mm256_fmadd_ps(w, x0, a20);
-            a21 = _mm256_fmadd_ps(w, x1, a21);
-            w = _mm256_load_ps(q3 + j + 8);
-            PIN(w);
-            a30 = _mm256_fmadd_ps(w, x0, a30);
-            a31 = _mm256_fmadd_ps(w, x1, a31);
+            for (int e = 0; e < 2; e++) { /* the even dims, then the odd ones */
+                __m256 x0 = _mm256_castsi256_ps(e ? _mm256_and_si256(w0, odd) : _mm256_slli_epi32(w0, 16));
+                __m256 x1 = _mm256_castsi256_ps(e ? _mm256_and_si256(w1, odd) : _mm256_slli_epi32(w1, 16));
+                for (int h = 0; h < 4; h++) {
+                    __m256 w = _mm256_load_ps(q + (size_t)h * dp + j + 8 * e);
+                    PIN(w);
+                    a[h][0] = _mm256_fmadd_ps(w, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(w, x1, a[h][1]);
+                }
+            }
         }
-        __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
+        __m256 t = hsum8(a[0][0], a[0][1], a[1][0], a[1][1], a[2][0], a[2][1], a[3][0], a[3][1]);
         if (pf) {
             int pe = (int)((int64_t)(c + 2) * pf->n / nc);
             pf_rows(pf, pi, pe);
             pi = pe;
         }
-        __m128 lo = _mm256_castps256_ps128(t), hi = _mm256_extractf128_ps(t, 1);
-        _mm_storel_pi((__m64 *)(s + c), lo);
-        _mm_storeh_pi((__m64 *)(s + lds + c), lo);
-        _mm_storel_pi((__m64 *)(s + 2 * lds + c), hi);
-        _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
+        store4x2(s, lds, c, t);
     }
     if (c < nc) {
         const uint16_t *k0 = krows[c];
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, z = a0;
+        __m256 a[4], z = _mm256_setzero_ps();
+        for (int h = 0; h < 4; h++) a[h] = z;
         for (int j = 0; j < dp; j += 16) {
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
-            __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
-            a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
-            a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
-            a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
-            a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
-            x = _mm256_castsi256_ps(_mm256_and_si256(w0, odd));
-            a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j + 8), x, a0);
-            a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j + 8), x, a1);
-            a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j + 8), x, a2);
-            a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j + 8), x, a3);
+            for (int e = 0; e < 2; e++) {
+                __m256 x = _mm256_castsi256_ps(e ? _mm256_and_si256(w0, odd) : _mm256_slli_epi32(w0, 16));
+                for (int h = 0; h < 4; h++)
+                    a[h] = _mm256_fmadd_ps(_mm256_load_ps(q + (size_t)h * dp + j + 8 * e), x, a[h]);
+            }
         }
         float u[8];
-        _mm256_storeu_ps(u, hsum8(a0, a1, a2, a3, z, z, z, z));
+        _mm256_storeu_ps(u, hsum8(a[0], a[1], a[2], a[3], z, z, z, z));
         for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
     }
     if (pf) pf_rows(pf, pi, pf->n);
