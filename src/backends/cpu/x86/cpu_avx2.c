@@ -610,7 +610,6 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
  * loop, so masked keys are never multiplied in. E4M3 is converted without its 2^8 factor (an
  * exact power of two), applied once to the scores and to the PV accumulators. */
 
-/* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
 /* Scores of 4 rows x 2 keys (c, c + 1) from hsum8(r0k0, r0k1, r1k0, r1k1, ..., r3k1). */
 static inline __attribute__((always_inline)) void store4x2(float *s, int lds, int c, __m256 t)
 {
@@ -621,6 +620,7 @@ static inline __attribute__((always_inline)) void store4x2(float *s, int lds, in
     _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
 }
 
+/* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
     if (is_e4m3(dt))
