@@ -552,6 +552,39 @@ static void build_nonfinite_cases(void)
     push(c, "nonfinite");
 }
 
+/* Decode at the group sizes whose query rows per KV head are not a multiple of 4 (GQA 1, 2, 3,
+ * 5, 6, 7: MHA models, Gemma 2, Qwen2), on every cache dtype: the cpu decode kernels' paths for
+ * 1-3 rows, over every key tail (contexts 7 apart) and dims chunk (head sizes 48-128); a window
+ * with a speculative step (rows at different positions mask different columns of a tile), and
+ * non-finite cache values. */
+static void build_group_cases(void)
+{
+    static const struct {
+        int32_t g, D;
+        pa_dtype cache;
+        int win, nonfinite;
+    } rows[] = {{1, 112, PA_DTYPE_BF16, 0, 0},    {2, 80, PA_DTYPE_F16, 0, 0},
+                {3, 48, PA_DTYPE_FP8_E4M3, 0, 0}, {5, 128, PA_DTYPE_BF16, 1, 0},
+                {6, 128, PA_DTYPE_FP8_E5M2, 0, 0}, {7, 128, PA_DTYPE_F32, 1, 0},
+                {2, 128, PA_DTYPE_BF16, 1, 0},    {1, 128, PA_DTYPE_FP8_E4M3, 1, 0},
+                {3, 128, PA_DTYPE_BF16, 0, 1},    {7, 96, PA_DTYPE_FP8_E4M3, 0, 1},
+                {1, 64, PA_DTYPE_F16, 1, 1}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        gcase c = base_case();
+        c.H = 2 * rows[i].g, c.Hkv = 2, c.D = rows[i].D, c.cache = rows[i].cache;
+        c.layout = i % 2 ? LAYOUT_HND : LAYOUT_NHD;
+        c.qd = c.kvd = c.outd = i % 3 ? PA_DTYPE_BF16 : PA_DTYPE_F16;
+        if (pa_dtype_size(c.cache) == 1) c.kscale = 0.5f, c.vscale = 2.0f;
+        decode_only(&c, 200, 4);
+        c.nseq = 6; /* speculative steps of 2 and 3 tokens */
+        c.seqs[4] = (gseq){150, 2, 0, 0};
+        c.seqs[5] = (gseq){97, 3, 0, 0};
+        if (rows[i].win) c.sw = 70;
+        c.nonfinite = rows[i].nonfinite;
+        push(c, "group");
+    }
+}
+
 static void build_cases(void)
 {
     if (ncases) return;
@@ -563,6 +596,7 @@ static void build_cases(void)
     build_decode_cases();
     build_random_cases();
     build_nonfinite_cases(); /* earlier cases keep their seeds (drawn from the index) */
+    build_group_cases();
     /* bf16 decode at a head size that is a multiple of 16 but not of 32 (the bf16 dot-product
      * kernels' half step) */
     gcase c = base_case();

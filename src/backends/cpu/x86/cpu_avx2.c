@@ -533,73 +533,6 @@ static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
 
 /* ---- decode: products straight from the cache rows ------------------------------------------ */
 
-
-static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const void *const *krows,
-                                                              int nc, const float *q, int nr, int dp,
-                                                              float *s, int lds)
-{
-    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        const float *q0 = q + (size_t)r * dp, *q1 = q0 + dp, *q2 = q1 + dp, *q3 = q2 + dp;
-        int c = 0;
-        for (; c + 2 <= nc; c += 2) {
-            const char *k0 = krows[c], *k1 = krows[c + 1];
-            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
-            __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            for (int j = 0; j < dp; j += 8) {
-                __m256 x0 = cvt8(dt, k0 + j * es), x1 = cvt8(dt, k1 + j * es);
-                __m256 y = _mm256_load_ps(q0 + j);
-                a00 = _mm256_fmadd_ps(y, x0, a00);
-                a01 = _mm256_fmadd_ps(y, x1, a01);
-                y = _mm256_load_ps(q1 + j);
-                a10 = _mm256_fmadd_ps(y, x0, a10);
-                a11 = _mm256_fmadd_ps(y, x1, a11);
-                y = _mm256_load_ps(q2 + j);
-                a20 = _mm256_fmadd_ps(y, x0, a20);
-                a21 = _mm256_fmadd_ps(y, x1, a21);
-                y = _mm256_load_ps(q3 + j);
-                a30 = _mm256_fmadd_ps(y, x0, a30);
-                a31 = _mm256_fmadd_ps(y, x1, a31);
-            }
-            float t[8];
-            _mm256_storeu_ps(t, hsum8(a00, a01, a10, a11, a20, a21, a30, a31));
-            for (int i = 0; i < 4; i++) {
-                s[(size_t)(r + i) * lds + c] = t[2 * i];
-                s[(size_t)(r + i) * lds + c + 1] = t[2 * i + 1];
-            }
-        }
-        for (; c < nc; c++) {
-            const char *k0 = krows[c];
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int j = 0; j < dp; j += 8) {
-                __m256 x = cvt8(dt, k0 + j * es);
-                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
-                a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
-                a2 = _mm256_fmadd_ps(_mm256_load_ps(q2 + j), x, a2);
-                a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
-            }
-            s[(size_t)r * lds + c] = hsum1(a0);
-            s[(size_t)(r + 1) * lds + c] = hsum1(a1);
-            s[(size_t)(r + 2) * lds + c] = hsum1(a2);
-            s[(size_t)(r + 3) * lds + c] = hsum1(a3);
-        }
-    }
-    for (; r < nr; r++) {
-        const float *q0 = q + (size_t)r * dp;
-        for (int c = 0; c < nc; c++) {
-            const char *k0 = krows[c];
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-            for (int j = 0; j < dp; j += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), cvt8(dt, k0 + j * es), a0);
-                a1 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j + 8), cvt8(dt, k0 + (j + 8) * es), a1);
-            }
-            s[(size_t)r * lds + c] = hsum1(_mm256_add_ps(a0, a1));
-        }
-    }
-}
-
-
 /* ---- decode, 4 query rows of one KV head at a time ---------------------------------------------
  * (GQA 4 is one group; GQA 8 two.) QK: 3 keys x 4 rows = 12 dot-product accumulators over 8-dim
  * steps (the last 2 or 4 keys as pairs over 16-dim steps), each K chunk converted once for the 4
@@ -608,7 +541,9 @@ static inline __attribute__((always_inline)) void qk_src_body(pa_dtype dt, const
  * chunk converted once per key and used by the 4 rows' broadcast probabilities; when some keys
  * are masked, the visible ones are listed (with their probabilities pre-broadcast) before the
  * loop, so masked keys are never multiplied in. E4M3 is converted without its 2^8 factor (an
- * exact power of two), applied once to the scores and to the PV accumulators. */
+ * exact power of two), applied once to the scores and to the PV accumulators. Rows that are not
+ * a group of 4 (GQA 1-3; the last rows of GQA 5-7) take the same kernels with 1-3 rows: more keys
+ * (QK) or dims (PV) at a time for the same number of accumulators. */
 
 /* Scores of 4 rows x 2 keys (c, c + 1) from hsum8(r0k0, r0k1, r1k0, r1k1, ..., r3k1). */
 static inline __attribute__((always_inline)) void store4x2(float *s, int lds, int c, __m256 t)
@@ -752,76 +687,160 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
-/* dims [j, j + 8 NV) of the 4 rows over the listed keys; probabilities broadcast from p (rows
- * ldp apart, all keys listed) or, when pb is given, read pre-broadcast from pb (32 per key) */
-static inline __attribute__((always_inline)) void pv4_chunk(int NV, pa_dtype dt, const void *const *vl,
+/* Scores of R (1-3) rows x KN keys (krows[0 .. KN)): R x KN accumulators over 8-dim steps,
+ * each K chunk converted once for the R rows (one row: converted where it is used). The sums go
+ * through hsum8, 8 at a time, whose tree adds each vector's lanes in the same order wherever it
+ * sits, so a score does not depend on KN or on its key's place in the tile. */
+static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dtype dt, const void *const *krows,
+                                                           const float *q, int dp, float *s, int lds)
+{
+    const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+    const int n = R * KN;
+    __m256 a[12];
+    for (int i = 0; i < n; i++) a[i] = _mm256_setzero_ps();
+    for (int j = 0; j < dp; j += 8) {
+        if (R == 1) {
+            __m256 w = _mm256_load_ps(q + j);
+            for (int u = 0; u < KN; u++) a[u] = _mm256_fmadd_ps(w, cvt8r(dt, (const char *)krows[u] + j * es), a[u]);
+            continue;
+        }
+        __m256 x[4];
+        for (int u = 0; u < KN; u++) x[u] = cvt8r(dt, (const char *)krows[u] + j * es);
+        for (int h = 0; h < R; h++) {
+            __m256 w = _mm256_load_ps(q + (size_t)h * dp + j);
+            for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(w, x[u], a[h * KN + u]);
+        }
+    }
+    const __m256 z = _mm256_setzero_ps();
+    for (int g = 0; g < n; g += 8) {
+#define QKR_A(i) (g + (i) < n ? a[g + (i)] : z)
+        __m256 t = hsum8(QKR_A(0), QKR_A(1), QKR_A(2), QKR_A(3), QKR_A(4), QKR_A(5), QKR_A(6), QKR_A(7));
+#undef QKR_A
+        if (is_e4m3(dt)) t = _mm256_mul_ps(t, _mm256_set1_ps(256.0f));
+        float u[8];
+        _mm256_storeu_ps(u, t);
+        for (int i = g; i < n && i < g + 8; i++) s[(size_t)(i / KN) * lds + i % KN] = u[i - g];
+    }
+}
+
+/* QK of R (1-3) rows: the rows of a KV head that are not a group of 4 (GQA 1, 2, 3; the last
+ * 1-3 rows of GQA 5-7). Keys in groups of KN (8, 4 or 3: 8 or 9 accumulators), the rest in
+ * groups of 4, 2 and 1; prefetches spread over the groups as in qk4_body. */
+static inline __attribute__((always_inline)) void qkr_body(int R, pa_dtype dt, const void *const *krows, int nc,
+                                                           const float *q, int dp, float *s, int lds,
+                                                           const pa__cpu_pf *pf)
+{
+    const int KN = R == 1 ? 8 : R == 2 ? 4 : 3;
+    int c = 0, pi = 0;
+    for (; c + KN <= nc; c += KN) {
+        qkr_keys(R, KN, dt, krows + c, q, dp, s + c, lds);
+        if (pf) {
+            int pe = (int)((int64_t)(c + KN) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+    }
+    if (KN > 4 && nc - c >= 4) qkr_keys(R, 4, dt, krows + c, q, dp, s + c, lds), c += 4;
+    if (KN > 2 && nc - c >= 2) qkr_keys(R, 2, dt, krows + c, q, dp, s + c, lds), c += 2;
+    if (c < nc) qkr_keys(R, 1, dt, krows + c, q, dp, s + c, lds);
+    if (pf) pf_rows(pf, pi, pf->n);
+}
+
+/* dims [j, j + 8 NV) of R (1-4) rows over the listed keys; probabilities broadcast from p (rows
+ * ldp apart, all keys listed) or, when pb is given, read pre-broadcast from pb (32 per key, 8
+ * per row) */
+static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dtype dt, const void *const *vl,
                                                             const float *p, int ldp, const float *pb,
                                                             int nv, int j, int dp, const float *alpha,
                                                             float *o)
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
     const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f;
-    /* bf16, first 16 dims: "pair split". One 32-byte load holds dims 2i (low half of 32-bit word
-     * i) and 2i + 1 (high half): a shift gives the even dims, an AND the odd ones, 2 operations
-     * per 16 values against 4 (zero-extend and shift, twice). Their accumulators start at 0 and
-     * hold dims (0 2 .. 14) and (1 3 .. 15); the end interleaves them (4 shuffles per row, once
-     * per call) and adds them to alpha * O. bf16 decode 1-3% faster on a Zen 1-class core, where
-     * every 256-bit operation takes two issue slots (bench/NOTES.md, tenth pass). */
-    const bool split = dt == PA_DTYPE_BF16 && NV >= 2;
-    __m256 acc[4][3];
-    for (int h = 0; h < 4; h++) {
+    /* bf16, each pair of vectors: "pair split". One 32-byte load holds dims 2i (low half of
+     * 32-bit word i) and 2i + 1 (high half): a shift gives the even dims, an AND the odd ones, 2
+     * operations per 16 values against 4 (zero-extend and shift, twice). Their accumulators start
+     * at 0 and hold dims (0 2 .. 14) and (1 3 .. 15); the end interleaves them (4 shuffles per row
+     * and pair, once per call) and adds them to alpha * O. bf16 decode 1-3% faster on a Zen
+     * 1-class core, where every 256-bit operation takes two issue slots (bench/NOTES.md, tenth
+     * pass). */
+    const int NS = dt == PA_DTYPE_BF16 ? NV / 2 * 2 : 0; /* vectors that come pair-split */
+    __m256 acc[4][8];
+    for (int h = 0; h < R; h++) {
         __m256 al = _mm256_set1_ps(alpha[h] * in);
         for (int u = 0; u < NV; u++)
-            acc[h][u] = split && u < 2 ? _mm256_setzero_ps()
-                                       : _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
+            acc[h][u] = u < NS ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_load_ps(o + (size_t)h * dp + j + 8 * u), al);
     }
-#define PV4_KEY(i)                                                                                   \
+    /* V vectors u and u + 1 (u < NS: pair-split; else 16 values converted at once) */
+#define PVR_CVT2(u, x0, x1)                                                                          \
     do {                                                                                             \
-        const char *vp = (const char *)vl[i] + (size_t)j * es;                                       \
-        __m256 x[3];                                                                                 \
-        if (split) {                                                                                 \
-            __m256i w = _mm256_loadu_si256((const __m256i *)vp);                                     \
-            x[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                                    \
-            x[1] = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));    \
-        } else if (NV >= 2)                                                                          \
-            cvt16r(dt, vp, &x[0], &x[1]);                                                            \
-        if (NV == 3) x[2] = cvt8r(dt, vp + 16 * es);                                                 \
-        if (NV == 1) x[0] = cvt8r(dt, vp);                                                           \
-        for (int h = 0; h < 4; h++) {                                                                \
-            __m256 wv = pb ? _mm256_load_ps(pb + (size_t)(i) * 32 + 8 * h)                           \
-                           : _mm256_broadcast_ss(p + (size_t)h * ldp + (i));                         \
-            for (int u = 0; u < NV; u++) acc[h][u] = _mm256_fmadd_ps(wv, x[u], acc[h][u]);           \
-        }                                                                                            \
+        if ((u) < NS) {                                                                              \
+            __m256i wd = _mm256_loadu_si256((const __m256i *)(vp + (u) * 8 * es));                  \
+            x0 = _mm256_castsi256_ps(_mm256_slli_epi32(wd, 16));                                     \
+            x1 = _mm256_castsi256_ps(_mm256_and_si256(wd, _mm256_set1_epi32((int)0xffff0000u)));    \
+        } else                                                                                       \
+            cvt16r(dt, vp + (u) * 8 * es, &x0, &x1);                                                 \
     } while (0)
-    /* one key per iteration: 12 accumulators + 3 V vectors + 1 broadcast fill the 16 registers
-     * (unrolled by two keys, gcc spilled accumulators to the stack: FMAs through memory) */
-    for (int i = 0; i < nv; i++) PV4_KEY(i);
-#undef PV4_KEY
+#define PVR_W(i, h) (pb ? _mm256_load_ps(pb + (size_t)(i) * 32 + 8 * (h)) : _mm256_broadcast_ss(p + (size_t)(h) * ldp + (i)))
+    /* 3-4 rows: the V vectors of a key converted first, then each row's probability (13-16
+     * registers); 1-2 rows: the probabilities first, then each V pair converted and used (8
+     * accumulators + 2 + 2). Unrolled by two keys, gcc spilled accumulators to the stack. */
+    for (int i = 0; i < nv; i++) {
+        const char *vp = (const char *)vl[i] + (size_t)j * es;
+        if (R >= 3) {
+            __m256 x[3];
+            int u = 0;
+            for (; u + 2 <= NV; u += 2) PVR_CVT2(u, x[u], x[u + 1]);
+            if (u < NV) x[u] = cvt8r(dt, vp + u * 8 * es);
+            for (int h = 0; h < R; h++) {
+                __m256 wv = PVR_W(i, h);
+                for (int v = 0; v < NV; v++) acc[h][v] = _mm256_fmadd_ps(wv, x[v], acc[h][v]);
+            }
+        } else {
+            __m256 wv[2];
+            for (int h = 0; h < R; h++) wv[h] = PVR_W(i, h);
+            int u = 0;
+            for (; u + 2 <= NV; u += 2) {
+                __m256 x0, x1;
+                PVR_CVT2(u, x0, x1);
+                for (int h = 0; h < R; h++) {
+                    acc[h][u] = _mm256_fmadd_ps(wv[h], x0, acc[h][u]);
+                    acc[h][u + 1] = _mm256_fmadd_ps(wv[h], x1, acc[h][u + 1]);
+                }
+            }
+            if (u < NV) {
+                __m256 x0 = cvt8r(dt, vp + u * 8 * es);
+                for (int h = 0; h < R; h++) acc[h][u] = _mm256_fmadd_ps(wv[h], x0, acc[h][u]);
+            }
+        }
+    }
+#undef PVR_W
+#undef PVR_CVT2
     const __m256 out = _mm256_set1_ps(256.0f);
-    for (int h = 0; h < 4; h++)
-        for (int u = split ? 2 : 0; u < NV; u++)
-            _mm256_store_ps(o + (size_t)h * dp + j + 8 * u,
-                            is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
-    if (split)
-        for (int h = 0; h < 4; h++) {
-            float *oh = o + (size_t)h * dp + j;
+    for (int h = 0; h < R; h++)
+        for (int u = NS; u < NV; u++)
+            _mm256_store_ps(o + (size_t)h * dp + j + 8 * u, is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < NS; u += 2) {
+            float *oh = o + (size_t)h * dp + j + 8 * u;
             __m256 al = _mm256_set1_ps(alpha[h]);
-            __m256 lo = _mm256_unpacklo_ps(acc[h][0], acc[h][1]); /* dims 0-3 | 8-11 */
-            __m256 hi = _mm256_unpackhi_ps(acc[h][0], acc[h][1]); /* dims 4-7 | 12-15 */
+            __m256 lo = _mm256_unpacklo_ps(acc[h][u], acc[h][u + 1]); /* dims 0-3 | 8-11 */
+            __m256 hi = _mm256_unpackhi_ps(acc[h][u], acc[h][u + 1]); /* dims 4-7 | 12-15 */
             _mm256_store_ps(oh, _mm256_fmadd_ps(_mm256_load_ps(oh), al, _mm256_permute2f128_ps(lo, hi, 0x20)));
             _mm256_store_ps(oh + 8, _mm256_fmadd_ps(_mm256_load_ps(oh + 8), al, _mm256_permute2f128_ps(lo, hi, 0x31)));
         }
 }
 
-/* (pf: a share of the rows before each chunk of dims, in proportion to its width) */
-static inline __attribute__((always_inline)) void pv4_dims(pa_dtype dt, const void *const *vl, const float *p,
+/* (pf: a share of the rows before each chunk of dims, in proportion to its width). Chunks of
+ * 24 dims for 3-4 rows (12 accumulators with 4), 32 for 2 rows, 64 for one. */
+static inline __attribute__((always_inline)) void pvr_dims(int R, pa_dtype dt, const void *const *vl, const float *p,
                                                            int ldp, const float *pb, int nv, int dp,
                                                            const float *alpha, float *o, const pa__cpu_pf *pf)
 {
+    const int NVM = R == 1 ? 8 : R == 2 ? 4 : 3;
     int j = 0, pi = 0;
     /* (the same step as in qk4_body, written out: an always-inline helper for it changed gcc's
      * register allocation here and put an fp8 accumulator on the stack) */
-#define PV4_PF(w)                                                                                    \
+#define PVR_PF(w)                                                                                    \
     do {                                                                                             \
         if (pf) {                                                                                    \
             int pe = (int)((int64_t)(j + (w)) * pf->n / dp);                                         \
@@ -829,28 +848,33 @@ static inline __attribute__((always_inline)) void pv4_dims(pa_dtype dt, const vo
             pi = pe;                                                                                 \
         }                                                                                            \
     } while (0)
-    for (; j + 24 <= dp; j += 24) {
-        PV4_PF(24);
-        pv4_chunk(3, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    for (; j + 8 * NVM <= dp; j += 8 * NVM) {
+        PVR_PF(8 * NVM);
+        pvr_chunk(R, NVM, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
-    for (; j + 16 <= dp; j += 16) {
-        PV4_PF(16);
-        pv4_chunk(2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+    if (NVM > 4 && j + 32 <= dp) {
+        PVR_PF(32);
+        pvr_chunk(R, 4, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+        j += 32;
+    }
+    for (; NVM != 2 && j + 16 <= dp; j += 16) {
+        PVR_PF(16);
+        pvr_chunk(R, 2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
     for (; j < dp; j += 8) {
-        PV4_PF(8);
-        pv4_chunk(1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
+        PVR_PF(8);
+        pvr_chunk(R, 1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
-#undef PV4_PF
+#undef PVR_PF
 }
 
-static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const void *const *vrows, int nc,
+static inline __attribute__((always_inline)) void pvr_body(int R, pa_dtype dt, const void *const *vrows, int nc,
                                                            const float *p, int ldp, int dp,
                                                            const float *alpha, const unsigned char *colmask,
                                                            float *o, const pa__cpu_pf *pf)
 {
     if (!colmask) { /* every key of the tile: probabilities broadcast in the loop */
-        pv4_dims(dt, vrows, p, ldp, NULL, nc, dp, alpha, o, pf);
+        pvr_dims(R, dt, vrows, p, ldp, NULL, nc, dp, alpha, o, pf);
         return;
     }
     const void *vl[CPU_KT];
@@ -859,10 +883,10 @@ static inline __attribute__((always_inline)) void pv4_body(pa_dtype dt, const vo
     for (int c = 0; c < nc; c++) {
         if (!colmask[c]) continue;
         vl[nv] = vrows[c];
-        for (int h = 0; h < 4; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
+        for (int h = 0; h < R; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
         nv++;
     }
-    pv4_dims(dt, vl, p, ldp, pb, nv, dp, alpha, o, pf);
+    pvr_dims(R, dt, vl, p, ldp, pb, nv, dp, alpha, o, pf);
 }
 
 /* Groups of 4 rows, then the rest; each group prefetches its share of pf (the rest: at once). */
@@ -877,8 +901,13 @@ static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const
     }
     if (r < nr) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        pf_rows(pf ? &part : NULL, 0, part.n);
-        qk_src_body(dt, krows, nc, q + (size_t)r * dp, nr - r, dp, s + (size_t)r * lds, lds);
+        const float *qr = q + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r) {
+        case 1: qkr_body(1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        }
     }
 }
 
@@ -890,10 +919,19 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
     int r = 0, ng = (nr + 3) / 4;
     for (; r + 4 <= nr && nc <= CPU_KT; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        pv4_body(dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp,
+        pvr_body(4, dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp,
                  pf ? &part : NULL);
     }
-    if (r < nr) {
+    if (r < nr && nc <= CPU_KT) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        const float *pr = p + (size_t)r * ldp;
+        float *orow = o + (size_t)r * dp;
+        switch (nr - r) {
+        case 1: pvr_body(1, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        case 2: pvr_body(2, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        default: pvr_body(3, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        }
+    } else if (r < nr) {
         /* the rest of pf at once (nc > CPU_KT: all of it) */
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
         if (pf) part.n = (int)(pf->rows + pf->n - part.rows);
