@@ -313,7 +313,8 @@ static void measure_limits(int threads, int quick, unsigned char *buf, size_t by
 
 /* ---- cases ---------------------------------------------------------------------------------- */
 
-enum { HQ = 32, HKV = 8, HD = 128, BLK = 16 };
+enum { HD = 128, BLK = 16 };
+static int HQ = 32, HKV = 8; /* --heads */
 
 typedef struct {
     char name[64];
@@ -544,8 +545,11 @@ static void usage(FILE *f)
             "  --repeats N      timed repetitions per case (default 5; one warm-up run more)\n"
             "  --cases SUBSTR   only cases whose name contains SUBSTR\n"
             "  --quick          a very short run: smaller cases, 2 repeats, short limit probes\n"
+            "  --heads HQ/HKV   query / KV heads of every case (default 32/8; HQ a multiple of\n"
+            "                   HKV, at most 256): e.g. 32/32 (MHA), 16/8 (GQA 2), 28/4 (GQA 7)\n"
             "  --json           machine-readable output on stdout\n"
-            "Cases: 32 query / 8 KV heads x 128, block 16, the backend's preferred cache layout.\n"
+            "Cases: 32 query / 8 KV heads x 128 (or --heads), block 16, the backend's preferred cache\n"
+            "layout.\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
             "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
@@ -596,6 +600,14 @@ int pa_tool_bench(int argc, char **argv)
             json = 1;
         } else if (!strcmp(a, "--backend") && val) {
             backends = val, i++;
+        } else if (!strcmp(a, "--heads") && val) {
+            int hq = 0, hkv = 0, end = 0;
+            if (sscanf(val, "%d/%d%n", &hq, &hkv, &end) != 2 || val[end] || hkv < 1 || hq < hkv || hq > 256 ||
+                hq % hkv) {
+                fprintf(stderr, "bench: bad --heads '%s' (HQ/HKV: 1 <= HKV <= HQ <= 256, HQ a multiple of HKV)\n", val);
+                return 2;
+            }
+            HQ = hq, HKV = hkv, i++;
         } else if (!strcmp(a, "--cases") && val) {
             filter = val, i++;
         } else if (!strcmp(a, "--threads") && val) {
@@ -711,12 +723,14 @@ int pa_tool_bench(int argc, char **argv)
                     printf("  note: %d threads probed only %.2fx the one-thread FMA peak (SMT siblings, or cores "
                            "taken by other processes during the probe): fractions at %d threads may overstate\n",
                            lims[i].threads, lims[i].fma_gflops / lims[j].fma_gflops, lims[i].threads);
+        printf("  heads: %d query / %d KV x %d (GQA %d)%s\n", HQ, HKV, HD, HQ / HKV,
+               HQ == 32 && HKV == 8 ? "" : " (--heads: not the standard cases' 32/8)");
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
         printf("{\n  \"version\": \"%s\",\n  \"optimized_build\": %s,\n  \"load_average\": %.2f,\n"
-               "  \"online_cores\": %ld,\n  \"limits\": [",
-               pa_version_string(), bench_optimized ? "true" : "false", load, cores);
+               "  \"online_cores\": %ld,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n  \"limits\": [",
+               pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD);
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.3f", lims[i].bf16_gflops);

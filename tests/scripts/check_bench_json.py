@@ -1,12 +1,16 @@
 """Checks `pagedattn bench --json` output read from stdin: one JSON document with the limits it
 measured and one result per case asked for, every figure finite and consistent with the others.
-argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not Debug)."""
+argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not Debug); argv[3]
+(optional): the heads "HQ/HKV" the run was asked for (default 32/8), checked against the document
+and, for a decode case, against the work its rates imply."""
 import json
 import math
 import sys
 
 doc = json.load(sys.stdin)
 case, optimized = sys.argv[1], sys.argv[2] == "1"
+hq, hkv = map(int, (sys.argv[3] if len(sys.argv) > 3 else "32/8").split("/"))
+assert doc["heads"] == {"query": hq, "kv": hkv, "size": 128}, doc["heads"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
 assert doc["online_cores"] >= 1
 (lim,) = doc["limits"]
@@ -28,4 +32,11 @@ assert abs(res["floor_ms"] - floor) <= 2e-3 * floor, (res, t_mem, t_fma)
 compute = "bf16 dot" if bf16 else "fp32 fma"
 assert res["bound"] == ("memory" if t_mem > t_fma else compute), (res["bound"], t_mem, t_fma)
 assert abs(res["fraction"] - res["floor_ms"] / res["median_ms"]) <= 2e-3 * res["fraction"], res
+# a decode step: every query head reads each of its KV head's keys once (QK and PV: 4 x 128
+# flops) and the cache holds K and V of HKV heads x 128 per token, so flops / KV bytes =
+# 2 HQ / (HKV x element size)
+if case.startswith("decode "):
+    es = {"f32": 4, "f16": 2, "bf16": 2}.get(case.split()[-1], 1)
+    ratio = (res["gflops"] * 1e9) / (res["kv_gbs"] * 1e9)
+    assert abs(ratio - 2.0 * hq / (hkv * es)) <= 1e-3 * ratio, (ratio, hq, hkv, es)
 print("bench --json: ok,", case, "fraction", res["fraction"])
