@@ -147,7 +147,7 @@ typedef struct pa__cpu_kernels {
     /* Optional (NULL: qk_src). qk_src for bf16 key rows with the query rows pair-split
      * (pa__cpu_pair_split: each 16 dims stored as the 8 even ones, then the 8 odd ones), so that
      * one 32-byte load of 16 bf16 values becomes fp32 by one shift (even dims) and one AND (odd
-     * dims) instead of two zero-extends and two shifts. nr % 4 == 0. */
+     * dims) instead of two zero-extends and two shifts. */
     void (*qk_src_pairs)(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
                          const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2

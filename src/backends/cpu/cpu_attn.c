@@ -328,9 +328,9 @@ static void run_item(void *arg, int64_t index, int thread)
          * call's rows in one sweep) */
         const int dpf = CPU_DECODE_PF;
         if (direct) kt = CPU_DECODE_KT;
-        /* bf16 keys with query rows in groups of 4: the rows pair-split once per item, each
-         * 16-dim block of a key then converts by one shift and one AND (qk_src_pairs) */
-        const bool pairs = direct && !q16 && K->qk_src_pairs && ks[0].dtype == PA_DTYPE_BF16 && nrk % 4 == 0;
+        /* bf16 keys: the query rows pair-split once per item, each 16-dim block of a key then
+         * converts by one shift and one AND (qk_src_pairs) */
+        const bool pairs = direct && !q16 && K->qk_src_pairs && ks[0].dtype == PA_DTYPE_BF16;
         if (pairs) pa__cpu_pair_split(sc->q, nr, dp);
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];

@@ -1003,13 +1003,103 @@ static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, 
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
+/* QK of R (1-3) pair-split query rows over KN bf16 keys (krows[0 .. KN)), 16-dim steps: the
+ * lanes of every accumulator take the even dims, then the odd ones, of each step, as in
+ * qk4_pairs, and the sums go through hsum8, so a score is the same whatever R, KN or its key's
+ * place. 1-2 rows: the query vectors of a step stay in registers (2R) and each key is converted
+ * where it is used (KN x R accumulators + 2R + 3 registers); 3 rows: qk4_pairs' order (the key
+ * words and their conversions held, one query vector at a time). */
+static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const void *const *krows, const float *q,
+                                                           int dp, float *s, int lds)
+{
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+    const int n = R * KN;
+    __m256 a[12];
+    for (int i = 0; i < n; i++) a[i] = _mm256_setzero_ps();
+    for (int j = 0; j < dp; j += 16) {
+        if (R <= 2) {
+            __m256 qe[2], qo[2];
+            for (int h = 0; h < R; h++) {
+                qe[h] = _mm256_load_ps(q + (size_t)h * dp + j);
+                qo[h] = _mm256_load_ps(q + (size_t)h * dp + j + 8);
+                PIN(qe[h]);
+                PIN(qo[h]);
+            }
+            for (int u = 0; u < KN; u++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+                __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(w, odd));
+                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qe[h], xe, a[h * KN + u]);
+                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qo[h], xo, a[h * KN + u]);
+            }
+            continue;
+        }
+        __m256i w[2];
+        for (int u = 0; u < KN; u++) {
+            w[u] = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+            PIN(w[u]);
+        }
+        for (int e = 0; e < 2; e++) {
+            __m256 x[2];
+            for (int u = 0; u < KN; u++)
+                x[u] = _mm256_castsi256_ps(e ? _mm256_and_si256(w[u], odd) : _mm256_slli_epi32(w[u], 16));
+            for (int h = 0; h < R; h++) {
+                __m256 qv = _mm256_load_ps(q + (size_t)h * dp + j + 8 * e);
+                PIN(qv);
+                for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(qv, x[u], a[h * KN + u]);
+            }
+        }
+    }
+    const __m256 z = _mm256_setzero_ps();
+    for (int g = 0; g < n; g += 8) {
+#define QKP_A(i) (g + (i) < n ? a[g + (i)] : z)
+        __m256 t = hsum8(QKP_A(0), QKP_A(1), QKP_A(2), QKP_A(3), QKP_A(4), QKP_A(5), QKP_A(6), QKP_A(7));
+#undef QKP_A
+        float u[8];
+        _mm256_storeu_ps(u, t);
+        for (int i = g; i < n && i < g + 8; i++) s[(size_t)(i / KN) * lds + i % KN] = u[i - g];
+    }
+}
+
+/* qkp_keys over all nc keys: KN = 8, 3 or 2 keys at a time for 1, 2 or 3 rows, the rest in
+ * smaller groups; prefetches spread over the groups as in qk4_pairs. */
+static inline __attribute__((always_inline)) void qkp_body(int R, const void *const *krows, int nc, const float *q,
+                                                           int dp, float *s, int lds, const pa__cpu_pf *pf)
+{
+    const int KN = R == 1 ? 8 : R == 2 ? 3 : 2;
+    int c = 0, pi = 0;
+    for (; c + KN <= nc; c += KN) {
+        qkp_keys(R, KN, krows + c, q, dp, s + c, lds);
+        if (pf) {
+            int pe = (int)((int64_t)(c + KN) * pf->n / nc);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+    }
+    if (KN > 4 && nc - c >= 4) qkp_keys(R, 4, krows + c, q, dp, s + c, lds), c += 4;
+    if (KN > 2 && nc - c >= 2) qkp_keys(R, 2, krows + c, q, dp, s + c, lds), c += 2;
+    if (c < nc) qkp_keys(R, 1, krows + c, q, dp, s + c, lds);
+    if (pf) pf_rows(pf, pi, pf->n);
+}
+
 static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
                             const pa__cpu_pf *pf)
 {
-    const int ng = nr / 4;
-    for (int g = 0; g < ng; g++) {
+    const int ng = (nr + 3) / 4;
+    int g = 0;
+    for (; 4 * g + 4 <= nr; g++) {
         pa__cpu_pf part = pf_part(pf, g, ng);
         qk4_pairs(krows, nc, q + (size_t)4 * g * dp, dp, s + (size_t)4 * g * lds, lds, pf ? &part : NULL);
+    }
+    if (4 * g < nr) {
+        pa__cpu_pf part = pf_part(pf, g, ng);
+        const float *qr = q + (size_t)4 * g * dp;
+        float *sr = s + (size_t)4 * g * lds;
+        switch (nr - 4 * g) {
+        case 1: qkp_body(1, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkp_body(2, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkp_body(3, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        }
     }
 }
 
