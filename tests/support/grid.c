@@ -556,7 +556,7 @@ static void build_nonfinite_cases(void)
  * 5, 6, 7: MHA models, Gemma 2, Qwen2), on every cache dtype: the cpu decode kernels' paths for
  * 1-3 rows, over every key tail (contexts 7 apart) and dims chunk (head sizes 48-128); a window
  * with a speculative step (rows at different positions mask different columns of a tile), and
- * non-finite cache values. */
+ * non-finite cache values. GQA 12 and 16: the cpu decode tiles of 9-16 rows (bf16, fp32). */
 static void build_group_cases(void)
 {
     static const struct {
@@ -568,7 +568,8 @@ static void build_group_cases(void)
                 {6, 128, PA_DTYPE_FP8_E5M2, 0, 0}, {7, 128, PA_DTYPE_F32, 1, 0},
                 {2, 128, PA_DTYPE_BF16, 1, 0},    {1, 128, PA_DTYPE_FP8_E4M3, 1, 0},
                 {3, 128, PA_DTYPE_BF16, 0, 1},    {7, 96, PA_DTYPE_FP8_E4M3, 0, 1},
-                {1, 64, PA_DTYPE_F16, 1, 1}};
+                {1, 64, PA_DTYPE_F16, 1, 1},      {12, 128, PA_DTYPE_BF16, 0, 0},
+                {16, 64, PA_DTYPE_F32, 1, 0},     {16, 128, PA_DTYPE_BF16, 0, 1}};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         gcase c = base_case();
         c.H = 2 * rows[i].g, c.Hkv = 2, c.D = rows[i].D, c.cache = rows[i].cache;

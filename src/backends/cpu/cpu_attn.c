@@ -320,8 +320,12 @@ static void run_item(void *arg, int64_t index, int thread)
             }
         const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
-         * nothing to amortize a converted copy over */
-        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= 8;
+         * nothing to amortize a converted copy over. Up to 8 query rows per KV head, 16 over
+         * bf16 and fp32 caches, whose conversion costs a shift or nothing (AVX2, 16 x 4096 one
+         * thread, direct against the converted copy at 12 and 16 rows: bf16 -7 to -12%, fp32 -23
+         * to -27%, f16 +0 to +7%, E4M3 +4 to +11%; bench/NOTES.md, thirteenth pass) */
+        const int direct_rows = ks[0].dtype == PA_DTYPE_BF16 || ks[0].dtype == PA_DTYPE_F32 ? 16 : 8;
+        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= direct_rows;
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
          * prefetches spread over the kernels' loops, measured equal to 16 from DRAM for bf16 and
          * 5-10% faster L3-resident and for fp8; 16 was better while the driver prefetched each
