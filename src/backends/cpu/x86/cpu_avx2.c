@@ -687,6 +687,24 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
+/* s[h * lds + u] = mul * (sum of a[h * KN + u]'s lanes) for h < R, u < KN, 8 sums per hsum8,
+ * whose tree adds each vector's lanes in the same order wherever it sits. */
+static inline __attribute__((always_inline)) void store_sums(const __m256 *a, int R, int KN, float mul, float *s,
+                                                             int lds)
+{
+    const int n = R * KN;
+    const __m256 z = _mm256_setzero_ps();
+    for (int g = 0; g < n; g += 8) {
+#define SUMS_A(i) (g + (i) < n ? a[g + (i)] : z)
+        __m256 t = hsum8(SUMS_A(0), SUMS_A(1), SUMS_A(2), SUMS_A(3), SUMS_A(4), SUMS_A(5), SUMS_A(6), SUMS_A(7));
+#undef SUMS_A
+        if (mul != 1.0f) t = _mm256_mul_ps(t, _mm256_set1_ps(mul));
+        float u[8];
+        _mm256_storeu_ps(u, t);
+        for (int i = g; i < n && i < g + 8; i++) s[(size_t)(i / KN) * lds + i % KN] = u[i - g];
+    }
+}
+
 /* Scores of R (1-3) rows x KN keys (krows[0 .. KN)): R x KN accumulators over 8-dim steps,
  * each K chunk converted once for the R rows (one row: converted where it is used). The sums go
  * through hsum8, 8 at a time, whose tree adds each vector's lanes in the same order wherever it
@@ -711,16 +729,7 @@ static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dty
             for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(w, x[u], a[h * KN + u]);
         }
     }
-    const __m256 z = _mm256_setzero_ps();
-    for (int g = 0; g < n; g += 8) {
-#define QKR_A(i) (g + (i) < n ? a[g + (i)] : z)
-        __m256 t = hsum8(QKR_A(0), QKR_A(1), QKR_A(2), QKR_A(3), QKR_A(4), QKR_A(5), QKR_A(6), QKR_A(7));
-#undef QKR_A
-        if (is_e4m3(dt)) t = _mm256_mul_ps(t, _mm256_set1_ps(256.0f));
-        float u[8];
-        _mm256_storeu_ps(u, t);
-        for (int i = g; i < n && i < g + 8; i++) s[(size_t)(i / KN) * lds + i % KN] = u[i - g];
-    }
+    store_sums(a, R, KN, is_e4m3(dt) ? 256.0f : 1.0f, s, lds);
 }
 
 /* QK of R (1-3) rows: the rows of a KV head that are not a group of 4 (GQA 1, 2, 3; the last
@@ -786,17 +795,16 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
      * accumulators + 2 + 2). Unrolled by two keys, gcc spilled accumulators to the stack. */
     for (int i = 0; i < nv; i++) {
         const char *vp = (const char *)vl[i] + (size_t)j * es;
-        if (R >= 3) {
+        if (R >= 3 && NV <= 3) { /* (pvr_dims gives 3-4 rows at most 3 vectors) */
             __m256 x[3];
-            int u = 0;
-            for (; u + 2 <= NV; u += 2) PVR_CVT2(u, x[u], x[u + 1]);
-            if (u < NV) x[u] = cvt8r(dt, vp + u * 8 * es);
+            if (NV >= 2) PVR_CVT2(0, x[0], x[1]);
+            if (NV != 2) x[NV - 1] = cvt8r(dt, vp + (size_t)(NV - 1) * 8 * es);
             for (int h = 0; h < R; h++) {
                 __m256 wv = PVR_W(i, h);
                 for (int v = 0; v < NV; v++) acc[h][v] = _mm256_fmadd_ps(wv, x[v], acc[h][v]);
             }
         } else {
-            __m256 wv[2];
+            __m256 wv[4];
             for (int h = 0; h < R; h++) wv[h] = PVR_W(i, h);
             int u = 0;
             for (; u + 2 <= NV; u += 2) {
@@ -857,7 +865,7 @@ static inline __attribute__((always_inline)) void pvr_dims(int R, pa_dtype dt, c
         pvr_chunk(R, 4, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
         j += 32;
     }
-    for (; NVM != 2 && j + 16 <= dp; j += 16) {
+    for (; j + 16 <= dp; j += 16) {
         PVR_PF(16);
         pvr_chunk(R, 2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
@@ -889,7 +897,7 @@ static inline __attribute__((always_inline)) void pvr_body(int R, pa_dtype dt, c
     pvr_dims(R, dt, vl, p, ldp, pb, nv, dp, alpha, o, pf);
 }
 
-/* Groups of 4 rows, then the rest; each group prefetches its share of pf (the rest: at once). */
+/* Groups of 4 rows, then the rest (1-3 rows); each group prefetches its share of pf. */
 static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const void *const *krows, int nc,
                                                               const float *q, int nr, int dp, float *s, int lds,
                                                               const pa__cpu_pf *pf)
@@ -1050,15 +1058,7 @@ static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const 
             }
         }
     }
-    const __m256 z = _mm256_setzero_ps();
-    for (int g = 0; g < n; g += 8) {
-#define QKP_A(i) (g + (i) < n ? a[g + (i)] : z)
-        __m256 t = hsum8(QKP_A(0), QKP_A(1), QKP_A(2), QKP_A(3), QKP_A(4), QKP_A(5), QKP_A(6), QKP_A(7));
-#undef QKP_A
-        float u[8];
-        _mm256_storeu_ps(u, t);
-        for (int i = g; i < n && i < g + 8; i++) s[(size_t)(i / KN) * lds + i % KN] = u[i - g];
-    }
+    store_sums(a, R, KN, 1.0f, s, lds);
 }
 
 /* qkp_keys over all nc keys: KN = 8, 3 or 2 keys at a time for 1, 2 or 3 rows, the rest in
