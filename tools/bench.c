@@ -733,8 +733,8 @@ int pa_tool_bench(int argc, char **argv)
                pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD);
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
-            if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.3f", lims[i].bf16_gflops);
-            printf("%s\n    {\"threads\": %d, \"read_gbs\": %.3f, \"fma_gflops\": %.3f, \"bf16_dot_gflops\": %s}",
+            if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.7g", lims[i].bf16_gflops);
+            printf("%s\n    {\"threads\": %d, \"read_gbs\": %.7g, \"fma_gflops\": %.7g, \"bf16_dot_gflops\": %s}",
                    i ? "," : "", lims[i].threads, lims[i].read_gbs, lims[i].fma_gflops, bf);
         }
         printf("\n  ],\n  \"results\": [");
@@ -781,10 +781,12 @@ int pa_tool_bench(int argc, char **argv)
                 finish_result(&S, &lims[ti], &R);
                 if (g_progress) progress("%s", "");
                 if (json) {
+                    /* (7 significant digits: a fixed number of decimals lost most of them on a
+                     * small fraction or bandwidth, e.g. in a sanitizer build) */
                     printf("%s\n    {\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"layers\": %d, "
-                           "\"min_ms\": %.4f, \"median_ms\": %.4f, \"max_ms\": %.4f, \"kv_gbs\": %.3f, "
-                           "\"gflops\": %.3f, \"tokens_per_s\": %.1f, \"bound\": \"%s\", \"floor_ms\": %.4f, "
-                           "\"fraction\": %.4f}",
+                           "\"min_ms\": %.7g, \"median_ms\": %.7g, \"max_ms\": %.7g, \"kv_gbs\": %.7g, "
+                           "\"gflops\": %.7g, \"tokens_per_s\": %.7g, \"bound\": \"%s\", \"floor_ms\": %.7g, "
+                           "\"fraction\": %.7g}",
                            nres ? "," : "", cs[ci].name, R.backend, R.threads, S.nlayers, R.tmin * 1e3,
                            R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, R.floor_s * 1e3,
                            R.frac);
