@@ -25,9 +25,12 @@ def _case(rng, qlens, klens, H, Hkv, D, bs, dtype, kv_cache_dtype="auto", k_scal
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("geom", [(4, 4, 64, 16), (8, 2, 80, 8), (6, 1, 32, 5), (32, 1, 64, 16), (71, 1, 128, 16)])
+@pytest.mark.parametrize("geom", [(4, 4, 64, 16), (8, 2, 80, 8), (6, 1, 32, 5), (32, 1, 64, 16), (71, 1, 128, 16),
+                                  (8, 4, 128, 16), (14, 2, 128, 16), (32, 2, 128, 16)])
 def test_varlen_paged_prefill_chunked_decode(backend, rng, dtype, geom):
-    """Mixed batch: full prefill, chunked/prefix prefill, decodes (vLLM test_varlen_with_paged_kv)."""
+    """Mixed batch: full prefill, chunked/prefix prefill, decodes (vLLM test_varlen_with_paged_kv).
+    Groups of 1, 2, 4, 7, 8, 16 and more query heads per KV head (the cpu decode kernels take 1-3
+    rows, groups of 4 and up to 16 rows in different paths)."""
     H, Hkv, D, bs = geom
     dt = DTYPES[dtype]
     qlens = [13, 7, 1, 1, 5]
