@@ -493,6 +493,12 @@ static gcase random_case(uint64_t *r, bool wide)
             int w = (int)(rng_next(r) % 4);
             c.H = wideh[w][0], c.Hkv = wideh[w][1];
             fit_budget(&c);
+        } else if (COIN(6)) { /* GQA 5, 6, 7, 3, 12, 16 or 1 on several KV heads: the cpu decode
+                               * kernels' paths for 1-3 rows and for 9-16 rows per KV head */
+            static const int32_t oddh[][2] = {{10, 2}, {12, 2}, {14, 2}, {12, 4}, {24, 2}, {32, 2}, {3, 3}};
+            int w = (int)(rng_next(r) % 7);
+            c.H = oddh[w][0], c.Hkv = oddh[w][1];
+            fit_budget(&c);
         }
     }
 #undef DRAW
