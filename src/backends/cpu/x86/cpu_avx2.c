@@ -733,13 +733,14 @@ static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dty
 }
 
 /* QK of R (1-3) rows: the rows of a KV head that are not a group of 4 (GQA 1, 2, 3; the last
- * 1-3 rows of GQA 5-7). Keys in groups of KN (8, 4 or 3: 8 or 9 accumulators), the rest in
- * groups of 4, 2 and 1; prefetches spread over the groups as in qk4_body. */
+ * 1-3 rows of GQA 5-7). Keys in groups of KN (4, 4 or 3 for 1, 2, 3 rows), the rest in groups
+ * of 2 and 1; prefetches spread over the groups as in qk4_body. One row takes 4 keys, not 8: 8
+ * key rows read at once ran MHA 7-15% slower from DRAM (bench/NOTES.md, thirteenth pass). */
 static inline __attribute__((always_inline)) void qkr_body(int R, pa_dtype dt, const void *const *krows, int nc,
                                                            const float *q, int dp, float *s, int lds,
                                                            const pa__cpu_pf *pf)
 {
-    const int KN = R == 1 ? 8 : R == 2 ? 4 : 3;
+    const int KN = R == 1 ? 4 : R == 2 ? 4 : 3;
     int c = 0, pi = 0;
     for (; c + KN <= nc; c += KN) {
         qkr_keys(R, KN, dt, krows + c, q, dp, s + c, lds);
@@ -1061,12 +1062,12 @@ static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const 
     store_sums(a, R, KN, 1.0f, s, lds);
 }
 
-/* qkp_keys over all nc keys: KN = 8, 3 or 2 keys at a time for 1, 2 or 3 rows, the rest in
- * smaller groups; prefetches spread over the groups as in qk4_pairs. */
+/* qkp_keys over all nc keys: KN = 4, 3 or 2 keys at a time for 1, 2 or 3 rows (one row: 4 as
+ * in qkr_body), the rest in smaller groups; prefetches spread over the groups as in qk4_pairs. */
 static inline __attribute__((always_inline)) void qkp_body(int R, const void *const *krows, int nc, const float *q,
                                                            int dp, float *s, int lds, const pa__cpu_pf *pf)
 {
-    const int KN = R == 1 ? 8 : R == 2 ? 3 : 2;
+    const int KN = R == 1 ? 4 : R == 2 ? 3 : 2;
     int c = 0, pi = 0;
     for (; c + KN <= nc; c += KN) {
         qkp_keys(R, KN, krows + c, q, dp, s + c, lds);
