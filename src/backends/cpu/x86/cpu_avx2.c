@@ -732,27 +732,92 @@ static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dty
     store_sums(a, R, KN, is_e4m3(dt) ? 256.0f : 1.0f, s, lds);
 }
 
+/* Keeps a loaded vector in a register: gcc folds a load into every instruction that uses it
+ * when it can, so a query vector feeding two FMAs was loaded twice (20 loads per 16 FMAs, more
+ * than a Zen 1-class core's one 256-bit load per cycle keeps up with). */
+#define PIN(x) __asm__("" : "+x"(x))
+
+/* QK of R (1-3) pair-split query rows over KN bf16 keys (krows[0 .. KN)), 16-dim steps: the
+ * lanes of every accumulator take the even dims, then the odd ones, of each step, as in
+ * qk4_pairs, and the sums go through hsum8, so a score is the same whatever R, KN or its key's
+ * place. 1-2 rows: the query vectors of a step stay in registers (2R) and each key is converted
+ * where it is used (KN x R accumulators + 2R + 3 registers); 3 rows: qk4_pairs' order (the key
+ * words and their conversions held, one query vector at a time). */
+static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const void *const *krows, const float *q,
+                                                           int dp, float *s, int lds)
+{
+    const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+    const int n = R * KN;
+    __m256 a[12];
+    for (int i = 0; i < n; i++) a[i] = _mm256_setzero_ps();
+    for (int j = 0; j < dp; j += 16) {
+        if (R <= 2) {
+            __m256 qe[2], qo[2];
+            for (int h = 0; h < R; h++) {
+                qe[h] = _mm256_load_ps(q + (size_t)h * dp + j);
+                qo[h] = _mm256_load_ps(q + (size_t)h * dp + j + 8);
+                PIN(qe[h]);
+                PIN(qo[h]);
+            }
+            for (int u = 0; u < KN; u++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+                __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(w, odd));
+                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qe[h], xe, a[h * KN + u]);
+                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qo[h], xo, a[h * KN + u]);
+            }
+            continue;
+        }
+        __m256i w[2];
+        for (int u = 0; u < KN; u++) {
+            w[u] = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+            PIN(w[u]);
+        }
+        for (int e = 0; e < 2; e++) {
+            __m256 x[2];
+            for (int u = 0; u < KN; u++)
+                x[u] = _mm256_castsi256_ps(e ? _mm256_and_si256(w[u], odd) : _mm256_slli_epi32(w[u], 16));
+            for (int h = 0; h < R; h++) {
+                __m256 qv = _mm256_load_ps(q + (size_t)h * dp + j + 8 * e);
+                PIN(qv);
+                for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(qv, x[u], a[h * KN + u]);
+            }
+        }
+    }
+    store_sums(a, R, KN, 1.0f, s, lds);
+}
+
 /* QK of R (1-3) rows: the rows of a KV head that are not a group of 4 (GQA 1, 2, 3; the last
- * 1-3 rows of GQA 5-7). Keys in groups of KN (4, 4 or 3 for 1, 2, 3 rows), the rest in groups
- * of 2 and 1; prefetches spread over the groups as in qk4_body. One row takes 4 keys, not 8: 8
- * key rows read at once ran MHA 7-15% slower from DRAM (bench/NOTES.md, thirteenth pass). */
-static inline __attribute__((always_inline)) void qkr_body(int R, pa_dtype dt, const void *const *krows, int nc,
-                                                           const float *q, int dp, float *s, int lds,
+ * 1-3 rows of GQA 5-7), by qkp_keys (pairs: bf16 keys, pair-split rows) or qkr_keys. Keys in
+ * groups of KN (1 row: 4; 2 rows: 3 pair-split, else 4; 3 rows: 2 pair-split, else 3), the rest
+ * in groups of 2 and 1; prefetches spread over the groups as in qk4_body. One row takes 4 keys,
+ * not 8: 8 key rows read at once ran MHA 7-15% slower from DRAM (bench/NOTES.md, thirteenth
+ * pass). */
+static inline __attribute__((always_inline)) void qkr_body(bool pairs, int R, pa_dtype dt, const void *const *krows,
+                                                           int nc, const float *q, int dp, float *s, int lds,
                                                            const pa__cpu_pf *pf)
 {
-    const int KN = R == 1 ? 4 : R == 2 ? 4 : 3;
+    const int KN = R == 1 ? 4 : R == 2 ? (pairs ? 3 : 4) : (pairs ? 2 : 3);
+#define QKR_KEYS(n)                                                                                  \
+    do {                                                                                             \
+        if (pairs) qkp_keys(R, n, krows + c, q, dp, s + c, lds);                                     \
+        else qkr_keys(R, n, dt, krows + c, q, dp, s + c, lds);                                       \
+    } while (0)
     int c = 0, pi = 0;
     for (; c + KN <= nc; c += KN) {
-        qkr_keys(R, KN, dt, krows + c, q, dp, s + c, lds);
+        QKR_KEYS(KN);
         if (pf) {
             int pe = (int)((int64_t)(c + KN) * pf->n / nc);
             pf_rows(pf, pi, pe);
             pi = pe;
         }
     }
-    if (KN > 4 && nc - c >= 4) qkr_keys(R, 4, dt, krows + c, q, dp, s + c, lds), c += 4;
-    if (KN > 2 && nc - c >= 2) qkr_keys(R, 2, dt, krows + c, q, dp, s + c, lds), c += 2;
-    if (c < nc) qkr_keys(R, 1, dt, krows + c, q, dp, s + c, lds);
+    if (KN > 2 && nc - c >= 2) {
+        QKR_KEYS(2);
+        c += 2;
+    }
+    if (c < nc) QKR_KEYS(1);
+#undef QKR_KEYS
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
@@ -913,9 +978,9 @@ static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r) {
-        case 1: qkr_body(1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        case 2: qkr_body(2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        default: qkr_body(3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 1: qkr_body(false, 1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(false, 2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(false, 3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
         }
     }
 }
@@ -948,11 +1013,6 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
         pv_src_body(dt, vrows, NULL, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask, o + (size_t)r * dp);
     }
 }
-
-/* Keeps a loaded vector in a register: gcc folds a load into every instruction that uses it
- * when it can, so a query vector feeding two FMAs was loaded twice (20 loads per 16 FMAs, more
- * than a Zen 1-class core's one 256-bit load per cycle keeps up with). */
-#define PIN(x) __asm__("" : "+x"(x))
 
 /* QK of 4 pair-split query rows (pa__cpu_pair_split) over bf16 key rows, two keys at a time
  * over 16-dim steps: one 32-byte load per key, its even dims by a shift, its odd dims by an AND,
@@ -1012,77 +1072,6 @@ static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, 
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
-/* QK of R (1-3) pair-split query rows over KN bf16 keys (krows[0 .. KN)), 16-dim steps: the
- * lanes of every accumulator take the even dims, then the odd ones, of each step, as in
- * qk4_pairs, and the sums go through hsum8, so a score is the same whatever R, KN or its key's
- * place. 1-2 rows: the query vectors of a step stay in registers (2R) and each key is converted
- * where it is used (KN x R accumulators + 2R + 3 registers); 3 rows: qk4_pairs' order (the key
- * words and their conversions held, one query vector at a time). */
-static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const void *const *krows, const float *q,
-                                                           int dp, float *s, int lds)
-{
-    const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
-    const int n = R * KN;
-    __m256 a[12];
-    for (int i = 0; i < n; i++) a[i] = _mm256_setzero_ps();
-    for (int j = 0; j < dp; j += 16) {
-        if (R <= 2) {
-            __m256 qe[2], qo[2];
-            for (int h = 0; h < R; h++) {
-                qe[h] = _mm256_load_ps(q + (size_t)h * dp + j);
-                qo[h] = _mm256_load_ps(q + (size_t)h * dp + j + 8);
-                PIN(qe[h]);
-                PIN(qo[h]);
-            }
-            for (int u = 0; u < KN; u++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
-                __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-                __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(w, odd));
-                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qe[h], xe, a[h * KN + u]);
-                for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qo[h], xo, a[h * KN + u]);
-            }
-            continue;
-        }
-        __m256i w[2];
-        for (int u = 0; u < KN; u++) {
-            w[u] = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
-            PIN(w[u]);
-        }
-        for (int e = 0; e < 2; e++) {
-            __m256 x[2];
-            for (int u = 0; u < KN; u++)
-                x[u] = _mm256_castsi256_ps(e ? _mm256_and_si256(w[u], odd) : _mm256_slli_epi32(w[u], 16));
-            for (int h = 0; h < R; h++) {
-                __m256 qv = _mm256_load_ps(q + (size_t)h * dp + j + 8 * e);
-                PIN(qv);
-                for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(qv, x[u], a[h * KN + u]);
-            }
-        }
-    }
-    store_sums(a, R, KN, 1.0f, s, lds);
-}
-
-/* qkp_keys over all nc keys: KN = 4, 3 or 2 keys at a time for 1, 2 or 3 rows (one row: 4 as
- * in qkr_body), the rest in smaller groups; prefetches spread over the groups as in qk4_pairs. */
-static inline __attribute__((always_inline)) void qkp_body(int R, const void *const *krows, int nc, const float *q,
-                                                           int dp, float *s, int lds, const pa__cpu_pf *pf)
-{
-    const int KN = R == 1 ? 4 : R == 2 ? 3 : 2;
-    int c = 0, pi = 0;
-    for (; c + KN <= nc; c += KN) {
-        qkp_keys(R, KN, krows + c, q, dp, s + c, lds);
-        if (pf) {
-            int pe = (int)((int64_t)(c + KN) * pf->n / nc);
-            pf_rows(pf, pi, pe);
-            pi = pe;
-        }
-    }
-    if (KN > 4 && nc - c >= 4) qkp_keys(R, 4, krows + c, q, dp, s + c, lds), c += 4;
-    if (KN > 2 && nc - c >= 2) qkp_keys(R, 2, krows + c, q, dp, s + c, lds), c += 2;
-    if (c < nc) qkp_keys(R, 1, krows + c, q, dp, s + c, lds);
-    if (pf) pf_rows(pf, pi, pf->n);
-}
-
 static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
                             const pa__cpu_pf *pf)
 {
@@ -1097,9 +1086,9 @@ static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, in
         const float *qr = q + (size_t)4 * g * dp;
         float *sr = s + (size_t)4 * g * lds;
         switch (nr - 4 * g) {
-        case 1: qkp_body(1, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        case 2: qkp_body(2, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        default: qkp_body(3, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 1: qkr_body(true, 1, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(true, 2, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(true, 3, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
         }
     }
 }
