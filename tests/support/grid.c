@@ -1247,6 +1247,14 @@ static pa_status rerun(const pa_backend *backend, const ginputs *in, goutputs *o
     return s;
 }
 
+/* FNV-1a over n bytes at p, continuing from h */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 /* det_threads > 0: the backend runs the case a second time with that many threads, and the two
  * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism); then, for a case
  * of several sequences, once more with each sequence in a batch of its own: the same bits again. */
@@ -1287,6 +1295,7 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
         as_doubles(&in, &ref, wo, wl);
         check_gaps(&k, &in, &got);
         compare(&k, &in, &got, wo, wl);
+        res->digest = fnv1a(fnv1a(0xcbf29ce484222325ull, got.out.p, got.out.bytes), got.lse.p, got.lse.bytes);
         if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
             fail(&k, "the cache after forward differs from the reference's");
         /* again with det_threads threads, then each sequence alone: the same bits each time */
@@ -1317,9 +1326,14 @@ done:
 int grid_run_all(const pa_backend *backend, const char *filter, int num_threads, FILE *out)
 {
     build_cases();
+    /* PAGEDATTN_GRID_DIGEST=1: each line ends with a hash of the output bits, so that two builds
+     * (a kernel rewritten to keep its arithmetic, say) can be compared bit for bit */
+    const char *de = getenv("PAGEDATTN_GRID_DIGEST");
+    const bool digest = de && *de && *de != '0';
     int failures = 0, passed = 0, skipped = 0;
     if (out)
-        fprintf(out, "%-4s %-6s %10s %10s %10s  %s\n", "#", "result", "max_abs", "max_rel", "lse_err", "case");
+        fprintf(out, "%-4s %-6s %10s %10s %10s  %s%s\n", "#", "result", "max_abs", "max_rel", "lse_err", "case",
+                digest ? "  digest" : "");
     for (int i = 0; i < ncases; i++) {
         if (filter && !strstr(cases[i].name, filter)) continue;
         grid_result r;
@@ -1328,8 +1342,10 @@ int grid_run_all(const pa_backend *backend, const char *filter, int num_threads,
         skipped += r.skipped;
         passed += !r.failed && !r.skipped;
         if (out) {
-            fprintf(out, "%-4d %-6s %10.3g %10.3g %10.3g  %s\n", i, r.failed ? "FAIL" : r.skipped ? "skip" : "ok",
+            fprintf(out, "%-4d %-6s %10.3g %10.3g %10.3g  %s", i, r.failed ? "FAIL" : r.skipped ? "skip" : "ok",
                     r.max_abs_err, r.max_rel_err, r.max_lse_err, cases[i].name);
+            if (digest) fprintf(out, "  %016llx", (unsigned long long)r.digest);
+            fputc('\n', out);
             if (r.failed || r.skipped) fprintf(out, "     -> %s\n", r.reason);
             fflush(out);
         }

@@ -19,6 +19,7 @@ typedef struct grid_result {
     double max_rel_err;    /* |a - r| / max(|r|, 1e-3) */
     double max_lse_err;
     char reason[256];      /* why skipped or failed */
+    uint64_t digest;       /* FNV-1a of the backend's output and LSE bytes (0: no run) */
 } grid_result;
 
 /* Number of cases and the name of case i ("decoder/gqa4/d128/bs16/bf16 ..."). */
