@@ -616,6 +616,24 @@ static void build_cases(void)
      * 1.6e-4; cpu.h, CPU_QK_CHUNK); replayed from its sweep seed */
     uint64_t r = 0xef673bea9efe4df2ull;
     push(sweep_case(&r), "long-head");
+    /* decodes of 257..1024 keys, cut in 256-key chunks (cpu_plan.c): three chunks with a short
+     * last one, at GQA 4 over bf16; a window that hides the first chunk whole, with sinks (the
+     * sink enters in the merge); speculative steps of 3 tokens over E4M3 at a head size that is
+     * not a multiple of 16 (converted tiles) */
+    c = base_case();
+    c.D = 128, c.H = 16, c.Hkv = 4, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 600, 4);
+    push(c, "chunks");
+    c.wl = 300, c.wr = 0, c.sinks = 1, c.layout = LAYOUT_HND;
+    push(c, "chunks");
+    c = base_case();
+    c.D = 120, c.H = 8, c.Hkv = 8, c.cache = PA_DTYPE_FP8_E4M3, c.kscale = 0.5f, c.vscale = 2.0f;
+    c.qd = c.kvd = c.outd = PA_DTYPE_F16;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){1020, 3, 0, 0}; /* 1023 keys: four chunks, the last one key short */
+    c.seqs[1] = (gseq){510, 3, 0, 0};
+    c.seqs[2] = (gseq){256, 1, 0, 0}; /* 257 keys: one key in a second chunk */
+    push(c, "chunks");
 }
 
 int grid_count(void)
