@@ -572,6 +572,12 @@ static int make_cases(int quick, int tiny, bcase *cs)
         snprintf(c.name, sizeof c.name, "decode b1 x %d %s", ctxl, pa_dtype_name(kv[i]));
         cs[n++] = c;
     }
+    /* a lone short decode: the latency of one user's step, which two threads halve only when
+     * the sequence's keys come in several chunks (cpu_plan.c) */
+    int ctxo = tiny ? 256 : 512;
+    bcase o = {{0}, PA_DTYPE_BF16, PA_DTYPE_BF16, 0, 0, 1, ctxo - 1};
+    snprintf(o.name, sizeof o.name, "decode b1 x %d %s", ctxo, pa_dtype_name(PA_DTYPE_BF16));
+    cs[n++] = o;
     const pa_dtype pd[2] = {PA_DTYPE_F32, PA_DTYPE_BF16};
     for (int i = 0; i < 2; i++) {
         bcase c = {{0}, pd[i], pd[i], 1, pre, 0, 0};
