@@ -353,16 +353,16 @@ static void n_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp
 
 /* ---- decode: products straight from the cache rows ------------------------------------------ */
 
-/* R rows (1 or 4) x C keys (1 or 4), keys converted 8 dimensions at a time in registers. */
+/* R rows (1-4) x C keys (1, 4 or 8), keys converted 8 dimensions at a time in registers. */
 PA__INLINE void qk_src_block(pa_dtype dt, int R, int C, const float *q, int dp,
                              const char *const *kr, float *s, int lds)
 {
     const size_t es = elem_size(dt);
-    float32x4_t a[4][4];
+    float32x4_t a[4][8];
     for (int i = 0; i < R; i++)
         for (int c = 0; c < C; c++) a[i][c] = vdupq_n_f32(0.0f);
     for (int j = 0; j < dp; j += 8) {
-        float32x4_t x[4][2];
+        float32x4_t x[8][2];
         for (int c = 0; c < C; c++) cvt8(dt, kr[c] + j * es, &x[c][0], &x[c][1]);
         for (int i = 0; i < R; i++) {
             float32x4_t y0 = vld1q_f32(q + (size_t)i * dp + j), y1 = vld1q_f32(q + (size_t)i * dp + j + 4);
@@ -373,64 +373,96 @@ PA__INLINE void qk_src_block(pa_dtype dt, int R, int C, const float *q, int dp,
         }
     }
     for (int i = 0; i < R; i++) {
-        if (C == 4) vst1q_f32(s + (size_t)i * lds, hsum4(a[i][0], a[i][1], a[i][2], a[i][3]));
-        else s[(size_t)i * lds] = hsum1(a[i][0]);
+        for (int c = 0; c + 4 <= C; c += 4)
+            vst1q_f32(s + (size_t)i * lds + c, hsum4(a[i][c], a[i][c + 1], a[i][c + 2], a[i][c + 3]));
+        if (C == 1) s[(size_t)i * lds] = hsum1(a[i][0]);
     }
 }
 
+/* R rows (1-4) over all nc keys, each key chunk converted once for the R rows: 8 keys at a time
+ * for one row, 4 for 2-4 rows (8-16 accumulators), then single keys. Every (row, key) sum is the
+ * same FMAs in the same order and the same lane reduction whatever R and C, so a score does not
+ * depend on the rows or keys beside it. */
+PA__INLINE void qk_src_rows(pa_dtype dt, int R, const void *const *krows, int nc, const float *q, int dp,
+                            float *s, int lds)
+{
+    const int C = R == 1 ? 8 : 4;
+    int c = 0;
+    for (; c + C <= nc; c += C) {
+        const char *kr[8];
+        for (int u = 0; u < C; u++) kr[u] = krows[c + u];
+        qk_src_block(dt, R, C, q, dp, kr, s + c, lds);
+    }
+    if (R == 1 && c + 4 <= nc) {
+        const char *kr[4] = {krows[c], krows[c + 1], krows[c + 2], krows[c + 3]};
+        qk_src_block(dt, 1, 4, q, dp, kr, s + c, lds);
+        c += 4;
+    }
+    for (; c < nc; c++) {
+        const char *kr[1] = {krows[c]};
+        qk_src_block(dt, R, 1, q, dp, kr, s + c, lds);
+    }
+}
+
+/* Rows in groups of 4, the last 1-3 as one group (GQA 1-3 and the rest of GQA 5-7 convert each
+ * key once per group, not once per row). */
 PA__INLINE void qk_src_body(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr,
                             int dp, float *s, int lds)
 {
-    for (int r = 0; r < nr;) {
-        int R = nr - r >= 4 ? 4 : 1;
+    for (int r = 0; r < nr; r += 4) {
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
-        int c = 0;
-        for (; c + 4 <= nc; c += 4) {
-            const char *kr[4] = {krows[c], krows[c + 1], krows[c + 2], krows[c + 3]};
-            if (R == 4) qk_src_block(dt, 4, 4, qr, dp, kr, sr + c, lds);
-            else qk_src_block(dt, 1, 4, qr, dp, kr, sr + c, lds);
+        switch (nr - r >= 4 ? 4 : nr - r) {
+        case 4: qk_src_rows(dt, 4, krows, nc, qr, dp, sr, lds); break;
+        case 3: qk_src_rows(dt, 3, krows, nc, qr, dp, sr, lds); break;
+        case 2: qk_src_rows(dt, 2, krows, nc, qr, dp, sr, lds); break;
+        default: qk_src_rows(dt, 1, krows, nc, qr, dp, sr, lds); break;
         }
-        for (; c < nc; c++) {
-            const char *kr[1] = {krows[c]};
-            if (R == 4) qk_src_block(dt, 4, 1, qr, dp, kr, sr + c, lds);
-            else qk_src_block(dt, 1, 1, qr, dp, kr, sr + c, lds);
-        }
-        r += R;
     }
 }
 
+/* Rows in groups of 4 (x 16 dims), the last 1-3 as one group: 3 rows x 16 dims, 2 rows x 32, one
+ * row x 32 (12-16 accumulators, 8 for a last 16 dims); each V chunk converted once per group and
+ * key. Every output element accumulates the same products in key order whatever the grouping. */
 PA__INLINE void pv_src_body(pa_dtype dt, const void *const *vrows, int nc, const float *p, int ldp,
                             int nr, int dp, const float *alpha, const unsigned char *colmask, float *o)
 {
     const size_t es = elem_size(dt);
-    int r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        const float *p0 = p + (size_t)r * ldp;
-        float *o0 = o + (size_t)r * dp;
-        for (int j = 0; j < dp; j += 16)
-            PA__PV_BLOCK(4, 4, {
-                const char *vc = (const char *)vrows[c] + j * es;
-                cvt8(dt, vc, &x[0], &x[1]);
-                cvt8(dt, vc + 8 * es, &x[2], &x[3]);
-            });
-    }
-    for (; r < nr; r++) {
+    /* (the LOADV argument of PA__PV_BLOCK: key c's V at dimension j as 4 or 8 vectors x[]) */
+#define PA__CVT16                                                                                  \
+    do {                                                                                           \
+        const char *vc = (const char *)vrows[c] + j * es;                                          \
+        cvt8(dt, vc, &x[0], &x[1]);                                                                \
+        cvt8(dt, vc + 8 * es, &x[2], &x[3]);                                                       \
+    } while (0)
+#define PA__CVT32                                                                                  \
+    do {                                                                                           \
+        const char *vc = (const char *)vrows[c] + j * es;                                          \
+        for (int u = 0; u < 4; u++) cvt8(dt, vc + 8 * u * es, &x[2 * u], &x[2 * u + 1]);           \
+    } while (0)
+    for (int r = 0; r < nr; r += 4) {
         const float *p0 = p + (size_t)r * ldp;
         float *o0 = o + (size_t)r * dp;
         int j = 0;
-        for (; j + 32 <= dp; j += 32)
-            PA__PV_BLOCK(1, 8, {
-                const char *vc = (const char *)vrows[c] + j * es;
-                for (int u = 0; u < 4; u++) cvt8(dt, vc + 8 * u * es, &x[2 * u], &x[2 * u + 1]);
-            });
-        for (; j < dp; j += 16)
-            PA__PV_BLOCK(1, 4, {
-                const char *vc = (const char *)vrows[c] + j * es;
-                cvt8(dt, vc, &x[0], &x[1]);
-                cvt8(dt, vc + 8 * es, &x[2], &x[3]);
-            });
+        switch (nr - r >= 4 ? 4 : nr - r) {
+        case 4:
+            for (; j < dp; j += 16) PA__PV_BLOCK(4, 4, PA__CVT16);
+            break;
+        case 3:
+            for (; j < dp; j += 16) PA__PV_BLOCK(3, 4, PA__CVT16);
+            break;
+        case 2:
+            for (; j + 32 <= dp; j += 32) PA__PV_BLOCK(2, 8, PA__CVT32);
+            for (; j < dp; j += 16) PA__PV_BLOCK(2, 4, PA__CVT16);
+            break;
+        default:
+            for (; j + 32 <= dp; j += 32) PA__PV_BLOCK(1, 8, PA__CVT32);
+            for (; j < dp; j += 16) PA__PV_BLOCK(1, 4, PA__CVT16);
+            break;
+        }
     }
+#undef PA__CVT16
+#undef PA__CVT32
 }
 
 static void n_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
