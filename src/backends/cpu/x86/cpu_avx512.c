@@ -8,7 +8,8 @@
  * Blocking: 32 vector registers allow 12 accumulators plus the operands everywhere:
  *  - decode QK: 4 query rows (one GQA 4 group) x 3 keys over 16-dim steps, each K chunk
  *    converted once for the 4 rows; fewer rows take more keys (R x KB <= 12);
- *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key;
+ *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key; over bf16 rows
+ *    4 rows x 64 dims, converted by pair split (16 accumulators);
  *  - prefill QK: 6 rows x 32 keys (two vectors of the transposed tile), q broadcast;
  *  - prefill PV: 6 rows x 32 dims, probabilities broadcast.
  * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
