@@ -3,7 +3,8 @@
 # NEON path of the cpu backend (src/backends/cpu/arm/cpu_neon.c) is built and checked against
 # the reference on an x86 machine. INSTALLS, if missing (apt-get, sudo when not root): the cross
 # compiler gcc-aarch64-linux-gnu and qemu-user. Not part of CI (slow: the cpu grid alone takes
-# several minutes under emulation). Set PAGEDATTN_ARM_BUILD_DIR to build elsewhere than
+# several minutes under emulation, the whole suite over an hour; the tests' timeouts are 7200 s
+# under an emulator). Set PAGEDATTN_ARM_BUILD_DIR to build elsewhere than
 # ./build-arm; extra arguments are passed to ctest (e.g. -R cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
