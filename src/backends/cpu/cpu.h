@@ -12,8 +12,8 @@
  *    item, so each cache block is read front to back across its heads, and read K and V straight
  *    from the cache, converting in registers.
  * Long key ranges are cut into chunks at fixed multiples of a chunk size that depends only on the
- * sequence's own query and key lengths; chunked rows are merged by LSE in chunk order afterwards, so
- * results are bitwise identical for any thread count and any batch around the sequence.
+ * sequence's own query and key lengths; chunked rows are merged by LSE in chunk order afterwards,
+ * so results are bitwise identical for any thread count and any batch around the sequence.
  */
 #ifndef PAGEDATTN_CPU_H
 #define PAGEDATTN_CPU_H

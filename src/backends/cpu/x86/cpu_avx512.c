@@ -190,8 +190,9 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             float *oh = o + (size_t)h * dp + j + 16 * u;
             const __m512 e = acc[h * NV + u], d = acc[h * NV + u + 1];
             const __m512 al = _mm512_set1_ps(alpha ? alpha[h] : 1.0f);
-            _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, _mm512_permutex2var_ps(e, lo, d)));
-            _mm512_store_ps(oh + 16, _mm512_fmadd_ps(_mm512_load_ps(oh + 16), al, _mm512_permutex2var_ps(e, hi, d)));
+            const __m512 d0 = _mm512_permutex2var_ps(e, lo, d), d1 = _mm512_permutex2var_ps(e, hi, d);
+            _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, d0));
+            _mm512_store_ps(oh + 16, _mm512_fmadd_ps(_mm512_load_ps(oh + 16), al, d1));
         }
 }
 
