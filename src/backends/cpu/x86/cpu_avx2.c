@@ -344,7 +344,8 @@ static float a2_exp_row(float *s, int n, float m)
 
 /* E4M3 rows known to hold no NaN byte (S.1111.111): the decode kernels convert them without
  * the NaN fix-up (4 of the conversion's ~11 operations per 16 values); a2_qk_src and a2_pv_src
- * check each call's rows first (e4m3_rows_nan) and take the exact conversion when one is there. */
+ * check each call's rows first (pa__e4m3_rows_nan, cpu_x86_fp8.h) and take the exact conversion
+ * when one is there. */
 #define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
 
 static inline bool is_e4m3(pa_dtype dt)
@@ -1093,21 +1094,6 @@ static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, in
     }
 }
 
-/* Whether some E4M3 value among the first d bytes of the n rows is a NaN (S.1111.111). */
-static bool e4m3_rows_nan(const void *const *rows, int n, int d)
-{
-    const __m256i m = _mm256_set1_epi8(0x7f);
-    __m256i acc = _mm256_setzero_si256();
-    for (int i = 0; i < n; i++) {
-        const unsigned char *r = rows[i];
-        int j = 0;
-        for (; j + 32 <= d; j += 32) acc = _mm256_max_epu8(acc, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + j)), m));
-        for (; j < d; j++)
-            if ((r[j] & 0x7f) == 0x7f) return true;
-    }
-    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, m)) != 0;
-}
-
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                       float *s, int lds, const pa__cpu_pf *pf)
 {
@@ -1116,7 +1102,7 @@ static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_FP8_E4M3:
-        if (e4m3_rows_nan(krows, nc, dp)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
+        if (pa__e4m3_rows_nan(krows, nc, dp)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
         else qk_src_rows(DT_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
         break;
     case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
@@ -1133,7 +1119,7 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E4M3:
-        if (e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        if (pa__e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         else pv_src_rows(DT_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         break;
     case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;

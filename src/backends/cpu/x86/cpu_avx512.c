@@ -50,6 +50,25 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
     }
 }
 
+/* E4M3 rows known to hold no NaN byte: converted without the NaN fix-up (as the AVX2 path;
+ * a5_qk_src and a5_pv_src check each call's rows with pa__e4m3_rows_nan first). */
+#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
+
+AI bool is_e4m3(pa_dtype dt)
+{
+    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
+}
+
+/* cvt16 for the decode kernels: E4M3 comes out 2^-8 times its value (the kernels apply 2^8 once,
+ * to the finished scores and outputs: exact, a power of two), with the NaN fix-up only for
+ * PA_DTYPE_FP8_E4M3; 3 operations per 16 values before vcvtph2ps instead of 8 (the fix-up and
+ * the multiplication by 2^8). */
+AI __m512 cvt16r(pa_dtype dt, const char *p)
+{
+    if (is_e4m3(dt)) return _mm512_cvtph_ps(pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3));
+    return cvt16(dt, p);
+}
+
 static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
 {
     int dv = d & ~15;
@@ -75,7 +94,7 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
     for (int j = 0; j < dp; j += 16) {
         __m512 x[12];
-        for (int u = 0; u < KB; u++) x[u] = cvt16(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        for (int u = 0; u < KB; u++) x[u] = cvt16r(dt, (const char *)krows[c0 + u] + (size_t)j * es);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_load_ps(q + (size_t)h * dp + j);
             for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
@@ -83,8 +102,9 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     }
     float t[16];
     hsum_n(a, R * KB, t);
+    const float mul = is_e4m3(dt) ? 256.0f : 1.0f;
     for (int h = 0; h < R; h++)
-        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u];
+        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
 }
 
 /* R rows (1..4) over all nc keys: KB = 12 / R keys at a time, then single keys; pf's rows
@@ -131,7 +151,10 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA_DTYPE_F32: qkz_src(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_F16: qkz_src(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_BF16: qkz_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_FP8_E4M3: qkz_src(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
+        else qkz_src(DT_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        break;
     case PA_DTYPE_FP8_E5M2: qkz_src(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
     }
@@ -154,6 +177,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
 {
     const size_t es = esize(dt);
     const int NS = dt == PA_DTYPE_BF16 && !vd ? NV / 2 * 2 : 0; /* vectors that come pair-split */
+    const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f; /* E4M3 V comes 2^-8 times (cvt16r) */
     __m512 acc[16];
     for (int h = 0; h < R; h++)
         for (int u = 0; u < NV; u++) {
@@ -162,7 +186,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
                 continue;
             }
             __m512 x = _mm512_load_ps(o + (size_t)h * dp + j + 16 * u);
-            acc[h * NV + u] = alpha ? _mm512_mul_ps(x, _mm512_set1_ps(alpha[h])) : x;
+            acc[h * NV + u] = alpha || in != 1.0f ? _mm512_mul_ps(x, _mm512_set1_ps((alpha ? alpha[h] : 1.0f) * in)) : x;
         }
     const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
     for (int i = 0; i < nv; i++) {
@@ -174,14 +198,17 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             x[u] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
             x[u + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, odd));
         }
-        for (int u = NS; u < NV; u++) x[u] = cvt16(dt, vp + (size_t)16 * u * es);
+        for (int u = NS; u < NV; u++) x[u] = cvt16r(dt, vp + (size_t)16 * u * es);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
             for (int u = 0; u < NV; u++) acc[h * NV + u] = _mm512_fmadd_ps(w, x[u], acc[h * NV + u]);
         }
     }
     for (int h = 0; h < R; h++)
-        for (int u = NS; u < NV; u++) _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, acc[h * NV + u]);
+        for (int u = NS; u < NV; u++) {
+            const __m512 r = acc[h * NV + u];
+            _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, in != 1.0f ? _mm512_mul_ps(r, _mm512_set1_ps(256.0f)) : r);
+        }
     /* even dims e, odd dims o of 32 -> dims 0-15 and 16-31 */
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
@@ -284,7 +311,10 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     case PA_DTYPE_F16: pvz_all(4, PA_DTYPE_F16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_BF16: pvz_all(4, PA_DTYPE_BF16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E4M3:
-        pvz_all(4, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        if (pa__e4m3_rows_nan(vrows, nc, dp))
+            pvz_all(4, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        else
+            pvz_all(4, DT_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         break;
     case PA_DTYPE_FP8_E5M2:
         pvz_all(4, PA_DTYPE_FP8_E5M2, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);

@@ -32,4 +32,19 @@ static inline __attribute__((always_inline)) __m256i pa__e4m3_to_f16x16(const vo
     return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
 }
 
+/* Whether some E4M3 value among the first d bytes of the n rows is a NaN (S.1111.111). */
+static inline bool pa__e4m3_rows_nan(const void *const *rows, int n, int d)
+{
+    const __m256i m = _mm256_set1_epi8(0x7f);
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < n; i++) {
+        const unsigned char *r = rows[i];
+        int j = 0;
+        for (; j + 32 <= d; j += 32) acc = _mm256_max_epu8(acc, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + j)), m));
+        for (; j < d; j++)
+            if ((r[j] & 0x7f) == 0x7f) return true;
+    }
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, m)) != 0;
+}
+
 #endif
