@@ -45,15 +45,24 @@ PA__INLINE void cvt_e5m2x8(const void *p, float32x4_t *lo, float32x4_t *hi)
  * 15 (a copy in bit 14, cleared) and eeee.mmm in an f16's exponent and mantissa, i.e. an f16 2^-8
  * times the E4M3 value (subnormals included, exactly); the f32 result is scaled by 2^8.
  * S.1111.111 (the only NaN) lands on 0x3f80 and is forced to an f16 NaN. */
-PA__INLINE void cvt_e4m3x8(const void *p, float32x4_t *lo, float32x4_t *hi)
+PA__INLINE void cvt_e4m3x8_raw(const void *p, bool fix_nan, float32x4_t *lo, float32x4_t *hi)
 {
     uint16x8_t h = vreinterpretq_u16_s16(vshlq_n_s16(vmovl_s8(vld1_s8((const int8_t *)p)), 7));
     h = vandq_u16(h, vdupq_n_u16(0xbfff));
-    uint16x8_t nan = vceqq_u16(vandq_u16(h, vdupq_n_u16(0x7fff)), vdupq_n_u16(0x3f80));
-    h = vorrq_u16(h, vandq_u16(nan, vdupq_n_u16(0x7e00)));
+    if (fix_nan) {
+        uint16x8_t nan = vceqq_u16(vandq_u16(h, vdupq_n_u16(0x7fff)), vdupq_n_u16(0x3f80));
+        h = vorrq_u16(h, vandq_u16(nan, vdupq_n_u16(0x7e00)));
+    }
     float16x8_t f = vreinterpretq_f16_u16(h);
-    *lo = vmulq_n_f32(vcvt_f32_f16(vget_low_f16(f)), 256.0f);
-    *hi = vmulq_n_f32(vcvt_high_f32_f16(f), 256.0f);
+    *lo = vcvt_f32_f16(vget_low_f16(f));
+    *hi = vcvt_high_f32_f16(f);
+}
+
+PA__INLINE void cvt_e4m3x8(const void *p, float32x4_t *lo, float32x4_t *hi)
+{
+    cvt_e4m3x8_raw(p, true, lo, hi);
+    *lo = vmulq_n_f32(*lo, 256.0f);
+    *hi = vmulq_n_f32(*hi, 256.0f);
 }
 
 /* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
@@ -74,6 +83,38 @@ PA__INLINE void cvt8(pa_dtype dt, const char *p, float32x4_t *lo, float32x4_t *h
 static size_t elem_size(pa_dtype dt)
 {
     return dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
+}
+
+/* E4M3 rows known to hold no NaN byte (S.1111.111): the decode kernels convert them without the
+ * NaN fix-up, and every E4M3 row without the multiplication by 2^8, which they apply once to the
+ * finished scores and outputs (exact: a power of two); 3 operations per 8 values before the
+ * f16 conversion instead of 9. n_qk_src and n_pv_src check each call's rows (rows_nan). */
+#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
+
+PA__INLINE bool is_e4m3(pa_dtype dt)
+{
+    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
+}
+
+/* cvt8 for the decode kernels: E4M3 comes out 2^-8 times its value */
+PA__INLINE void cvt8r(pa_dtype dt, const char *p, float32x4_t *lo, float32x4_t *hi)
+{
+    if (is_e4m3(dt)) cvt_e4m3x8_raw(p, dt == PA_DTYPE_FP8_E4M3, lo, hi);
+    else cvt8(dt, p, lo, hi);
+}
+
+/* Whether some E4M3 value among the first d bytes of the n rows is a NaN. */
+static bool rows_nan(const void *const *rows, int n, int d)
+{
+    uint8x16_t acc = vdupq_n_u8(0);
+    for (int i = 0; i < n; i++) {
+        const uint8_t *r = rows[i];
+        int j = 0;
+        for (; j + 16 <= d; j += 16) acc = vmaxq_u8(acc, vandq_u8(vld1q_u8(r + j), vdupq_n_u8(0x7f)));
+        for (; j < d; j++)
+            if ((r[j] & 0x7f) == 0x7f) return true;
+    }
+    return vmaxvq_u8(acc) == 0x7f;
 }
 
 PA__INLINE void load_rows_body(pa_dtype dt, const void *const *rows, int n, int d, int dp, float *dst)
@@ -307,13 +348,15 @@ static float n_exp_row(float *s, int n, float m)
 
 /* ---- O = O * alpha + P V ------------------------------------------------------------------ */
 
-/* R rows x 4U vectors of O (R * U <= 16 accumulators) at dimension j; V rows from vrow(c). */
+/* R rows x 4U vectors of O (R * U <= 16 accumulators) at dimension j; V rows from vrow(c). The
+ * caller's pv_in and pv_out scale alpha and the stored sums (1 and 1; E4M3 V rows converted 2^-8
+ * times their value: 2^-8 and 2^8, exact). */
 #define PA__PV_BLOCK(R, U, LOADV)                                                                  \
     do {                                                                                           \
         float32x4_t a[R][U];                                                                       \
         for (int i = 0; i < (R); i++)                                                              \
             for (int u = 0; u < (U); u++)                                                          \
-                a[i][u] = vmulq_n_f32(vld1q_f32(o0 + (size_t)i * dp + j + 4 * u), alpha[r + i]);   \
+                a[i][u] = vmulq_n_f32(vld1q_f32(o0 + (size_t)i * dp + j + 4 * u), alpha[r + i] * pv_in); \
         for (int c = 0; c < nc; c++) {                                                             \
             if (colmask && !colmask[c]) continue; /* masked: its V row is never read */           \
             float32x4_t x[U];                                                                      \
@@ -324,12 +367,16 @@ static float n_exp_row(float *s, int n, float m)
             }                                                                                      \
         }                                                                                          \
         for (int i = 0; i < (R); i++)                                                              \
-            for (int u = 0; u < (U); u++) vst1q_f32(o0 + (size_t)i * dp + j + 4 * u, a[i][u]);     \
+            for (int u = 0; u < (U); u++) {                                                        \
+                float32x4_t y = pv_out != 1.0f ? vmulq_n_f32(a[i][u], pv_out) : a[i][u];          \
+                vst1q_f32(o0 + (size_t)i * dp + j + 4 * u, y);                                     \
+            }                                                                                      \
     } while (0)
 
 static void n_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                  const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
+    const float pv_in = 1.0f, pv_out = 1.0f;
     int r = 0;
     if (nr < 4) pf_share(pf, 0, 1);
     /* 4 rows x 16 dimensions: 16 accumulators; pf one share per 4 rows */
@@ -363,7 +410,7 @@ PA__INLINE void qk_src_block(pa_dtype dt, int R, int C, const float *q, int dp,
         for (int c = 0; c < C; c++) a[i][c] = vdupq_n_f32(0.0f);
     for (int j = 0; j < dp; j += 8) {
         float32x4_t x[8][2];
-        for (int c = 0; c < C; c++) cvt8(dt, kr[c] + j * es, &x[c][0], &x[c][1]);
+        for (int c = 0; c < C; c++) cvt8r(dt, kr[c] + j * es, &x[c][0], &x[c][1]);
         for (int i = 0; i < R; i++) {
             float32x4_t y0 = vld1q_f32(q + (size_t)i * dp + j), y1 = vld1q_f32(q + (size_t)i * dp + j + 4);
             for (int c = 0; c < C; c++) {
@@ -372,10 +419,13 @@ PA__INLINE void qk_src_block(pa_dtype dt, int R, int C, const float *q, int dp,
             }
         }
     }
+    const float mul = is_e4m3(dt) ? 256.0f : 1.0f;
     for (int i = 0; i < R; i++) {
-        for (int c = 0; c + 4 <= C; c += 4)
-            vst1q_f32(s + (size_t)i * lds + c, hsum4(a[i][c], a[i][c + 1], a[i][c + 2], a[i][c + 3]));
-        if (C == 1) s[(size_t)i * lds] = hsum1(a[i][0]);
+        for (int c = 0; c + 4 <= C; c += 4) {
+            float32x4_t t = hsum4(a[i][c], a[i][c + 1], a[i][c + 2], a[i][c + 3]);
+            vst1q_f32(s + (size_t)i * lds + c, mul != 1.0f ? vmulq_n_f32(t, mul) : t);
+        }
+        if (C == 1) s[(size_t)i * lds] = hsum1(a[i][0]) * mul;
     }
 }
 
@@ -428,17 +478,18 @@ PA__INLINE void pv_src_body(pa_dtype dt, const void *const *vrows, int nc, const
                             int nr, int dp, const float *alpha, const unsigned char *colmask, float *o)
 {
     const size_t es = elem_size(dt);
+    const float pv_in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f, pv_out = is_e4m3(dt) ? 256.0f : 1.0f;
     /* (the LOADV argument of PA__PV_BLOCK: key c's V at dimension j as 4 or 8 vectors x[]) */
 #define PA__CVT16                                                                                  \
     do {                                                                                           \
         const char *vc = (const char *)vrows[c] + j * es;                                          \
-        cvt8(dt, vc, &x[0], &x[1]);                                                                \
-        cvt8(dt, vc + 8 * es, &x[2], &x[3]);                                                       \
+        cvt8r(dt, vc, &x[0], &x[1]);                                                                \
+        cvt8r(dt, vc + 8 * es, &x[2], &x[3]);                                                       \
     } while (0)
 #define PA__CVT32                                                                                  \
     do {                                                                                           \
         const char *vc = (const char *)vrows[c] + j * es;                                          \
-        for (int u = 0; u < 4; u++) cvt8(dt, vc + 8 * u * es, &x[2 * u], &x[2 * u + 1]);           \
+        for (int u = 0; u < 4; u++) cvt8r(dt, vc + 8 * u * es, &x[2 * u], &x[2 * u + 1]);           \
     } while (0)
     for (int r = 0; r < nr; r += 4) {
         const float *p0 = p + (size_t)r * ldp;
@@ -473,7 +524,10 @@ static void n_qk_src(pa_dtype dtype, const void *const *krows, int nc, const flo
     case PA_DTYPE_F32: qk_src_body(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds); break;
     case PA_DTYPE_F16: qk_src_body(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds); break;
     case PA_DTYPE_BF16: qk_src_body(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
-    case PA_DTYPE_FP8_E4M3: qk_src_body(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (rows_nan(krows, nc, dp)) qk_src_body(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds);
+        else qk_src_body(DT_E4M3F, krows, nc, q, nr, dp, s, lds);
+        break;
     case PA_DTYPE_FP8_E5M2: qk_src_body(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
     default: break;
     }
@@ -488,7 +542,10 @@ static void n_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const flo
     case PA_DTYPE_F32: pv_src_body(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     case PA_DTYPE_F16: pv_src_body(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     case PA_DTYPE_BF16: pv_src_body(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
-    case PA_DTYPE_FP8_E4M3: pv_src_body(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (rows_nan(vrows, nc, dp)) pv_src_body(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o);
+        else pv_src_body(DT_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o);
+        break;
     case PA_DTYPE_FP8_E5M2: pv_src_body(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     default: break;
     }
