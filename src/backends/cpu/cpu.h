@@ -163,6 +163,16 @@ typedef struct pa__cpu_kernels {
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
 
+/* A dtype tag of the ISA files' decode kernels (never a layer's dtype): E4M3 rows that a scan
+ * found free of NaN bytes (S.1111.111), converted without the NaN fix-up. */
+#define PA__CPU_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
+
+/* E4M3, with or without the NaN fix-up. */
+static inline bool pa__cpu_is_e4m3(pa_dtype dt)
+{
+    return dt == PA_DTYPE_FP8_E4M3 || dt == PA__CPU_E4M3F;
+}
+
 /* Rows r < nr of q (dp apart, dp % 16 == 0) rearranged in place for qk_src_pairs: in every 16
  * dims, the 8 even dims first, then the 8 odd ones. */
 static inline void pa__cpu_pair_split(float *q, int nr, int dp)

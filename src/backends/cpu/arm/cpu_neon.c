@@ -85,21 +85,16 @@ static size_t elem_size(pa_dtype dt)
     return dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
 }
 
-/* E4M3 rows known to hold no NaN byte (S.1111.111): the decode kernels convert them without the
- * NaN fix-up, and every E4M3 row without the multiplication by 2^8, which they apply once to the
- * finished scores and outputs (exact: a power of two); 3 operations per 8 values before the
- * f16 conversion instead of 9. n_qk_src and n_pv_src check each call's rows (rows_nan). */
-#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
-
-PA__INLINE bool is_e4m3(pa_dtype dt)
-{
-    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
-}
+/* PA__CPU_E4M3F (cpu.h), E4M3 rows known to hold no NaN byte: the decode kernels convert them
+ * without the NaN fix-up, and every E4M3 row without the multiplication by 2^8, which they apply
+ * once to the finished scores and outputs (exact: a power of two); 3 operations per 8 values
+ * before the f16 conversion instead of 9. n_qk_src and n_pv_src check each call's rows
+ * (rows_nan). */
 
 /* cvt8 for the decode kernels: E4M3 comes out 2^-8 times its value */
 PA__INLINE void cvt8r(pa_dtype dt, const char *p, float32x4_t *lo, float32x4_t *hi)
 {
-    if (is_e4m3(dt)) cvt_e4m3x8_raw(p, dt == PA_DTYPE_FP8_E4M3, lo, hi);
+    if (pa__cpu_is_e4m3(dt)) cvt_e4m3x8_raw(p, dt == PA_DTYPE_FP8_E4M3, lo, hi);
     else cvt8(dt, p, lo, hi);
 }
 
@@ -419,7 +414,7 @@ PA__INLINE void qk_src_block(pa_dtype dt, int R, int C, const float *q, int dp,
             }
         }
     }
-    const float mul = is_e4m3(dt) ? 256.0f : 1.0f;
+    const float mul = pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f;
     for (int i = 0; i < R; i++) {
         for (int c = 0; c + 4 <= C; c += 4) {
             float32x4_t t = hsum4(a[i][c], a[i][c + 1], a[i][c + 2], a[i][c + 3]);
@@ -478,7 +473,7 @@ PA__INLINE void pv_src_body(pa_dtype dt, const void *const *vrows, int nc, const
                             int nr, int dp, const float *alpha, const unsigned char *colmask, float *o)
 {
     const size_t es = elem_size(dt);
-    const float pv_in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f, pv_out = is_e4m3(dt) ? 256.0f : 1.0f;
+    const float pv_in = pa__cpu_is_e4m3(dt) ? 1.0f / 256.0f : 1.0f, pv_out = pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f;
     /* (the LOADV argument of PA__PV_BLOCK: key c's V at dimension j as 4 or 8 vectors x[]) */
 #define PA__CVT16                                                                                  \
     do {                                                                                           \
@@ -526,7 +521,7 @@ static void n_qk_src(pa_dtype dtype, const void *const *krows, int nc, const flo
     case PA_DTYPE_BF16: qk_src_body(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds); break;
     case PA_DTYPE_FP8_E4M3:
         if (rows_nan(krows, nc, dp)) qk_src_body(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds);
-        else qk_src_body(DT_E4M3F, krows, nc, q, nr, dp, s, lds);
+        else qk_src_body(PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds);
         break;
     case PA_DTYPE_FP8_E5M2: qk_src_body(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds); break;
     default: break;
@@ -544,7 +539,7 @@ static void n_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const flo
     case PA_DTYPE_BF16: pv_src_body(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     case PA_DTYPE_FP8_E4M3:
         if (rows_nan(vrows, nc, dp)) pv_src_body(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o);
-        else pv_src_body(DT_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o);
+        else pv_src_body(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o);
         break;
     case PA_DTYPE_FP8_E5M2: pv_src_body(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o); break;
     default: break;

@@ -342,21 +342,15 @@ static float a2_exp_row(float *s, int n, float m)
     return sum;
 }
 
-/* E4M3 rows known to hold no NaN byte (S.1111.111): the decode kernels convert them without
- * the NaN fix-up (4 of the conversion's ~11 operations per 16 values); a2_qk_src and a2_pv_src
- * check each call's rows first (pa__e4m3_rows_nan, cpu_x86_fp8.h) and take the exact conversion
- * when one is there. */
-#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
-
-static inline bool is_e4m3(pa_dtype dt)
-{
-    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
-}
+/* PA__CPU_E4M3F (cpu.h), E4M3 rows known to hold no NaN byte: the decode kernels convert them
+ * without the NaN fix-up (4 of the conversion's ~11 operations per 16 values); a2_qk_src and
+ * a2_pv_src check each call's rows first (pa__e4m3_rows_nan, cpu_x86_fp8.h) and take the exact
+ * conversion when one is there. */
 
 /* 8 elements of `dt` at p as f32 (dt is a constant after inlining). */
 static inline __attribute__((always_inline)) __m256 cvt8(pa_dtype dt, const char *p)
 {
-    if (dt == DT_E4M3F) {
+    if (dt == PA__CPU_E4M3F) {
         __m128i h = pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), false);
         return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
@@ -559,7 +553,7 @@ static inline __attribute__((always_inline)) void store4x2(float *s, int lds, in
 /* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
-    if (is_e4m3(dt))
+    if (pa__cpu_is_e4m3(dt))
         return _mm256_cvtph_ps(
             pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), dt == PA_DTYPE_FP8_E4M3));
     return cvt8(dt, p);
@@ -568,7 +562,7 @@ static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const cha
 /* 16 elements of dt as f32 (E4M3: 2^-8 times), 8-bit types with 256-bit integer steps. */
 static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char *p, __m256 *x0, __m256 *x1)
 {
-    if (is_e4m3(dt)) {
+    if (pa__cpu_is_e4m3(dt)) {
         __m256i h = pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3);
         *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
@@ -612,7 +606,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
         __m256 t = hsum8(a[0][0], a[0][1], a[1][0], a[1][1], a[2][0], a[2][1], a[3][0], a[3][1]);
         __m256 z = _mm256_hadd_ps(_mm256_hadd_ps(a[0][2], a[1][2]), _mm256_hadd_ps(a[2][2], a[3][2]));
         __m128 u = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
-        if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc), u = _mm_mul_ps(u, _mm256_castps256_ps128(sc));
+        if (pa__cpu_is_e4m3(dt)) t = _mm256_mul_ps(t, sc), u = _mm_mul_ps(u, _mm256_castps256_ps128(sc));
         if (pf) {
             int pe = (int)((int64_t)(c + 3) * pf->n / nc);
             pf_rows(pf, pi, pe);
@@ -666,7 +660,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             pf_rows(pf, pi, pe);
             pi = pe;
         }
-        if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
+        if (pa__cpu_is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
         store4x2(s, lds, c, t);
     }
     if (c < nc) {
@@ -680,7 +674,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             a3 = _mm256_fmadd_ps(_mm256_load_ps(q3 + j), x, a3);
         }
         __m256 t = hsum8(a0, a1, a2, a3, z, z, z, z);
-        if (is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
+        if (pa__cpu_is_e4m3(dt)) t = _mm256_mul_ps(t, sc);
         float u[8];
         _mm256_storeu_ps(u, t);
         for (int i = 0; i < 4; i++) s[(size_t)i * lds + c] = u[i];
@@ -730,7 +724,7 @@ static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dty
             for (int u = 0; u < KN; u++) a[h * KN + u] = _mm256_fmadd_ps(w, x[u], a[h * KN + u]);
         }
     }
-    store_sums(a, R, KN, is_e4m3(dt) ? 256.0f : 1.0f, s, lds);
+    store_sums(a, R, KN, pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f, s, lds);
 }
 
 /* Keeps a loaded vector in a register: gcc folds a load into every instruction that uses it
@@ -831,7 +825,7 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
                                                             float *o)
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
-    const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f;
+    const float in = pa__cpu_is_e4m3(dt) ? 1.0f / 256.0f : 1.0f;
     /* bf16, each pair of vectors: "pair split". One 32-byte load holds dims 2i (low half of
      * 32-bit word i) and 2i + 1 (high half): a shift gives the even dims, an AND the odd ones, 2
      * operations per 16 values against 4 (zero-extend and shift, twice). Their accumulators start
@@ -893,7 +887,7 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
     const __m256 out = _mm256_set1_ps(256.0f);
     for (int h = 0; h < R; h++)
         for (int u = NS; u < NV; u++)
-            _mm256_store_ps(o + (size_t)h * dp + j + 8 * u, is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
+            _mm256_store_ps(o + (size_t)h * dp + j + 8 * u, pa__cpu_is_e4m3(dt) ? _mm256_mul_ps(acc[h][u], out) : acc[h][u]);
     for (int h = 0; h < R; h++)
         for (int u = 0; u < NS; u += 2) {
             float *oh = o + (size_t)h * dp + j + 8 * u;
@@ -1103,7 +1097,7 @@ static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_FP8_E4M3:
         if (pa__e4m3_rows_nan(krows, nc, dp)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
-        else qk_src_rows(DT_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        else qk_src_rows(PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
         break;
     case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
@@ -1120,7 +1114,7 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E4M3:
         if (pa__e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
-        else pv_src_rows(DT_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        else pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         break;
     case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     default: break;

@@ -50,14 +50,8 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
     }
 }
 
-/* E4M3 rows known to hold no NaN byte: converted without the NaN fix-up (as the AVX2 path;
+/* PA__CPU_E4M3F (cpu.h): E4M3 rows converted without the NaN fix-up (as the AVX2 path;
  * a5_qk_src and a5_pv_src check each call's rows with pa__e4m3_rows_nan first). */
-#define DT_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
-
-AI bool is_e4m3(pa_dtype dt)
-{
-    return dt == PA_DTYPE_FP8_E4M3 || dt == DT_E4M3F;
-}
 
 /* cvt16 for the decode kernels: E4M3 comes out 2^-8 times its value (the kernels apply 2^8 once,
  * to the finished scores and outputs: exact, a power of two), with the NaN fix-up only for
@@ -65,7 +59,7 @@ AI bool is_e4m3(pa_dtype dt)
  * the multiplication by 2^8). */
 AI __m512 cvt16r(pa_dtype dt, const char *p)
 {
-    if (is_e4m3(dt)) return _mm512_cvtph_ps(pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3));
+    if (pa__cpu_is_e4m3(dt)) return _mm512_cvtph_ps(pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3));
     return cvt16(dt, p);
 }
 
@@ -102,7 +96,7 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     }
     float t[16];
     hsum_n(a, R * KB, t);
-    const float mul = is_e4m3(dt) ? 256.0f : 1.0f;
+    const float mul = pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f;
     for (int h = 0; h < R; h++)
         for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
 }
@@ -153,7 +147,7 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA_DTYPE_BF16: qkz_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_FP8_E4M3:
         if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
-        else qkz_src(DT_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        else qkz_src(PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
         break;
     case PA_DTYPE_FP8_E5M2: qkz_src(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
@@ -177,7 +171,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
 {
     const size_t es = esize(dt);
     const int NS = dt == PA_DTYPE_BF16 && !vd ? NV / 2 * 2 : 0; /* vectors that come pair-split */
-    const float in = is_e4m3(dt) ? 1.0f / 256.0f : 1.0f; /* E4M3 V comes 2^-8 times (cvt16r) */
+    const float in = pa__cpu_is_e4m3(dt) ? 1.0f / 256.0f : 1.0f; /* E4M3 V comes 2^-8 times (cvt16r) */
     __m512 acc[16];
     for (int h = 0; h < R; h++)
         for (int u = 0; u < NV; u++) {
@@ -314,7 +308,7 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
         if (pa__e4m3_rows_nan(vrows, nc, dp))
             pvz_all(4, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         else
-            pvz_all(4, DT_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+            pvz_all(4, PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         break;
     case PA_DTYPE_FP8_E5M2:
         pvz_all(4, PA_DTYPE_FP8_E5M2, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
