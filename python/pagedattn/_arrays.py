@@ -134,7 +134,7 @@ def view(x, name):
         if any([s % item for s in st]):
             raise ValueError("%s: strides %s are not multiples of the element size %d"
                              % (name, st, item))
-    return View(x, x.__array_interface__["data"][0] or 0, x.shape, strides, kind, item, False)
+    return View(x, x.ctypes.data or 0, x.shape, strides, kind, item, False)
 
 
 def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16)):
@@ -154,7 +154,9 @@ def check_ndim(v, name, ndim, what):
 def check_rows(v, name):
     """Rows of a [rows, heads, dim] tensor: heads and dims contiguous, rows at a uniform stride.
     Returns the row stride in elements."""
-    _, h, d = v.shape
+    rows, h, d = v.shape
+    if rows == 0 or h == 0 or d == 0:  # no element: any strides will do
+        return h * d
     if d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d):
         raise ValueError("%s: the head and head_size dims must be contiguous (strides %s for "
                          "shape %s); pass a contiguous array" % (name, v.strides, v.shape))
@@ -175,7 +177,7 @@ def to_np(x, dtype, name, ndim=None):
         raise ValueError("%s must hold integers, got dtype %s" % (name, a.dtype))
     if ndim is not None and a.ndim != ndim:
         raise ValueError("%s must be %d-D, got shape %s" % (name, ndim, a.shape))
-    if a.size:
+    if a.size and not np.can_cast(a.dtype, dtype, "safe"):
         info = np.iinfo(dtype)
         if a.min() < info.min or a.max() > info.max:
             raise ValueError("%s: values out of range for %s" % (name, np.dtype(dtype).name))

@@ -43,6 +43,59 @@ class Source:
         self.num_blocks = num_blocks
         self.packed = packed
         self.cu_k = cu_k
+        self.stand_in = None  # keeps a stand-in pool alive (packed_source of no keys)
+
+
+class Seqs:
+    """The sequences of one call, as columns: int64 arrays q_start, q_len, k_len of n entries,
+    and their key tables in one contiguous int32 array `tab`: sequence i's table starts at
+    tab[tab_off[i]] and it uses the first ceil(k_len[i] / block_size) entries. For packed keys
+    (block_size 1) the table is the token indices k_start = tab_off[i] .. + k_len[i]."""
+
+    __slots__ = ("q_start", "q_len", "k_len", "tab", "tab_off", "packed", "contiguous")
+
+    def __init__(self, q_start, q_len, k_len, tab=None, tab_off=None, packed=False,
+                 contiguous=False):
+        self.k_len = k_len = np.asarray(k_len, dtype=np.int64)
+        n = k_len.shape[0]
+        self.q_start = np.asarray(q_start, dtype=np.int64).reshape(n)
+        self.q_len = (np.full(n, q_len, dtype=np.int64) if isinstance(q_len, (int, np.integer))
+                      else np.asarray(q_len, dtype=np.int64).reshape(n))
+        self.tab = tab
+        self.tab_off = tab_off
+        self.packed = packed
+        # rows follow each other: q_start[i + 1] == q_start[i] + q_len[i] (the caller knows)
+        self.contiguous = contiguous
+
+    def __len__(self):
+        return self.k_len.shape[0]
+
+    def table_len(self, block_size):
+        return -(-self.k_len // block_size)
+
+    def table(self, i, block_size):
+        o = int(self.tab_off[i])
+        return self.tab[o:o + -(-int(self.k_len[i]) // block_size)]
+
+    def table_addr(self, block_size):
+        """Addresses of the tables and their int32 lengths (k_len < 2**31: the caller checks).
+        A sequence with no keys has length 0 at a valid address (it runs in no batch)."""
+        n = self.table_len(block_size).astype(np.int32)
+        return (self.tab.ctypes.data + 4 * self.tab_off).astype(np.uintp), n
+
+
+def paged_seqs(q_start, q_len, k_len, bt, contiguous=False):
+    """Seqs over the rows of a contiguous int32 block table bt [n, max_blocks]."""
+    bt = np.ascontiguousarray(bt, dtype=np.int32)
+    n, m = bt.shape
+    return Seqs(q_start, q_len, k_len, bt.reshape(-1), np.arange(n, dtype=np.int64) * m,
+                contiguous=contiguous)
+
+
+def packed_seqs(q_start, q_len, k_len, k_start, total_k, contiguous=False):
+    """Seqs over packed keys: sequence i's keys are rows k_start[i] .. + k_len[i]."""
+    return Seqs(q_start, q_len, k_len, np.arange(total_k, dtype=np.int32),
+                np.asarray(k_start, dtype=np.int64), packed=True, contiguous=contiguous)
 
 
 def packed_source(k, v, cu_k, cache_dtype):
@@ -55,17 +108,24 @@ def packed_source(k, v, cu_k, cache_dtype):
     if total > 1 and krs != vrs:
         raise ValueError("k and v must have the same row stride (got %d and %d elements)"
                          % (krs, vrs))
-    if total < 1:
-        raise ValueError("k is empty (total_k = 0)")
     c = L.pa_cache()
     c.key, c.value = k.ptr, v.ptr
+    stand_in = None
+    if total < 1:
+        # no keys at all: every sequence has k_len 0 and its rows see nothing, but the library
+        # describes a pool of at least one row; a zero row stands in (never read)
+        stand_in = np.zeros(max(hk * d * k.itemsize, 1), dtype=np.uint8)
+        c.key = c.value = stand_in.ctypes.data
+        total = 1
     c.dtype = cache_dtype
     c.memory = L.PA_MEMORY_HOST
     c.num_blocks, c.block_size, c.num_kv_heads, c.head_size = total, 1, hk, d
     c.block_stride = krs if total > 1 else hk * d
     c.token_stride = hk * d
     c.head_stride = d
-    return Source(c, k, v, 1, total, packed=True, cu_k=cu_k)
+    src = Source(c, k, v, 1, total, packed=True, cu_k=cu_k)
+    src.stand_in = stand_in
+    return src
 
 
 def _dequant(a, kind, scale):
@@ -90,14 +150,15 @@ def as_numpy(v):
     return obj.numpy()
 
 
-def _gather_keys(src, table, k_len, kstart):
-    """numpy copies [k_len, Hkv, D] of one sequence's keys and values."""
+def _gather_keys(src, seqs, i, k_len):
+    """numpy copies [k_len, Hkv, D] of sequence i's keys and values."""
     K = as_numpy(src.kview)
     V = as_numpy(src.vview)
     if src.packed:
+        kstart = int(seqs.tab_off[i])
         return K[kstart:kstart + k_len], V[kstart:kstart + k_len]
     j = np.arange(k_len)
-    blocks = np.asarray(table, dtype=np.int64)[j // src.block_size]
+    blocks = np.asarray(seqs.table(i, src.block_size), dtype=np.int64)[j // src.block_size]
     return K[blocks, j % src.block_size], V[blocks, j % src.block_size]
 
 
@@ -106,8 +167,7 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     """Runs attention.
 
     q, out: Views [rows, H, D]. lse: None or (View-or-array obj, base_ptr, token_stride,
-    head_stride, fill(row_start, nrows)). seqs: list of dicts q_start, q_len, k_len, table,
-    k_start (packed). alibi: None, float32 [H] or [B, H]. new_kv: None or (k View, v View,
+    head_stride, fill(row_start, nrows)). seqs: a Seqs. alibi: None, float32 [H] or [B, H]. new_kv: None or (k View, v View,
     slot_mapping int64 [rows]) to be written by the forward call itself (decoder, one group).
     same_rows_kv: (k View, v View) when keys are exactly the query rows (packed self-attention).
     before_write: called once everything is validated (layers, backends, batches), before the
@@ -169,80 +229,85 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
         attn_type = L.PA_ATTN_ENCODER_DECODER
 
     # ---- plan the groups ----
-    groups = []
-    empties = []
-    cur = None
-    prev_end = None
-    for i, s in enumerate(seqs):
-        ql, kl = s["q_len"], s["k_len"]
+    # Rows a sequence skips (no visible key) are written directly; the others run in groups of
+    # consecutive sequences whose rows are contiguous (one library call each).
+    n_seqs = len(seqs)
+    ql, kl = seqs.q_len, seqs.k_len
+    if n_seqs and (int(kl.max()) >= 2**31 or int(ql.max()) >= 2**31):
+        raise ValueError("a sequence has %d query rows and %d keys: more than the library's "
+                         "int32 lengths hold" % (int(ql.max()), int(kl.max())))
+    one_group = False
+    if n_seqs and seqs.contiguous and not per_seq_alibi and int(ql.min()) > 0:
+        # the usual case, in a few operations: every row sees a key, so one group of all
+        one_group = (int((ql - kl).max()) <= 0 if attn_type == L.PA_ATTN_DECODER
+                     else int(kl.min()) > 0)
+    if one_group:
+        skip = None
+        eff = ql
+        start = seqs.q_start
+        heads, ends, empties = [0], [n_seqs], []
+    else:
         if attn_type == L.PA_ATTN_DECODER:
-            skip = max(0, ql - kl)
-        elif kl == 0:
-            skip = ql
+            skip = np.maximum(ql - kl, 0)
         else:
-            skip = 0
+            skip = np.where(kl == 0, ql, 0)
         eff = ql - skip
-        empties.append((s["q_start"], skip))
-        if eff == 0:
-            cur = None
-            continue
-        start = s["q_start"] + skip
-        if cur is None or start != prev_end or per_seq_alibi:
-            cur = {"first_row": start, "seqs": [], "alibi_index": i}
-            groups.append(cur)
-        cur["seqs"].append((s, skip, eff))
-        prev_end = start + eff
+        start = seqs.q_start + skip
+        valid = eff > 0
+        first = valid.copy()  # sequences that open a group
+        if not per_seq_alibi and n_seqs > 1:
+            first[1:] &= ~(valid[:-1] & (start[1:] == start[:-1] + eff[:-1]))
+        heads = np.flatnonzero(first)
+        stops = np.flatnonzero(first | ~valid)  # a group runs up to the next of these
+        ends = np.append(stops, n_seqs)[np.searchsorted(stops, heads, side="right")].tolist()
+        heads = heads.tolist()
+        empties = np.flatnonzero(skip > 0).tolist()
 
-    if new_kv is not None and len(groups) != 1:
+    if new_kv is not None and len(heads) != 1:
         raise AssertionError("internal: writing forward with several groups")
 
     # build every group's layer, batch and context before running any (validation first)
+    bsz = src.block_size if src is not None else 1
+    if src is not None and attn_type != L.PA_ATTN_ENCODER_ONLY:
+        addr_all, tlen_all = seqs.table_addr(bsz)
     prepared = []
-    for g in groups:
-        layer = layer_for(attn_type, g["alibi_index"])
+    for g0, g1 in zip(heads, ends):
+        layer = layer_for(attn_type, g0)
         ctx = layer.context(backend)
-        pseqs = []
-        n_rows = 0
-        n_enc = 0
+        e = eff[g0:g1]
+        n = g1 - g0
         # decodes (one query row, with a context) may only follow prefills: mark the tail
-        entries = g["seqs"]
-        last_prefill = -1
-        for j, (s, skip, eff) in enumerate(entries):
-            if eff > 1:
-                last_prefill = j
-        for j, (s, skip, eff) in enumerate(entries):
-            kl = s["k_len"]
-            if attn_type == L.PA_ATTN_DECODER:
-                e = {"context_len": kl - eff, "query_len": eff, "is_prefill": j <= last_prefill,
-                     "block_table": s["table"]}
-            elif attn_type == L.PA_ATTN_ENCODER_DECODER:
-                e = {"context_len": 0, "query_len": eff, "is_prefill": j <= last_prefill,
-                     "encoder_len": kl, "cross_block_table": s["table"]}
-                n_enc += kl
-            else:
-                e = {"context_len": 0, "query_len": eff, "is_prefill": True}
-            pseqs.append(e)
-            n_rows += eff
-        if new_kv is not None:
-            slots = new_kv[2]
+        if int(e.max()) > 1:
+            prefills = np.flatnonzero(e > 1)
+            is_prefill = np.arange(n) <= prefills[-1]
         else:
-            slots = np.full(n_rows, -1, dtype=np.int64)
-        cross_slots = np.full(n_enc, -1, dtype=np.int64) if n_enc else None
-        if src is not None:
-            batch = C.Batch(src.block_size, src.num_blocks, pseqs,
-                            num_cross_blocks=src.num_blocks
-                            if attn_type == L.PA_ATTN_ENCODER_DECODER else 0,
-                            slot_mapping=slots, cross_slot_mapping=cross_slots)
+            is_prefill = 0
+        # int32 columns (lengths < 2**31, checked above)
+        e32 = e.astype(np.int32)
+        k32 = kl[g0:g1].astype(np.int32)
+        n_rows = int(e.sum())
+        slots = new_kv[2] if new_kv is not None else np.full(n_rows, -1, dtype=np.int64)
+        if attn_type == L.PA_ATTN_DECODER:
+            batch = C.Batch.columns(bsz, src.num_blocks, n, k32 - e32, e32, is_prefill,
+                                    addr_all[g0:g1], tlen_all[g0:g1], slot_mapping=slots)
+        elif attn_type == L.PA_ATTN_ENCODER_DECODER:
+            k = kl[g0:g1]
+            batch = C.Batch.columns(bsz, src.num_blocks, n, 0, e32, is_prefill, 0, 0,
+                                    encoder_len=k32, cross_addr=addr_all[g0:g1],
+                                    cross_len=tlen_all[g0:g1], num_cross_blocks=src.num_blocks,
+                                    slot_mapping=slots,
+                                    cross_slot_mapping=np.full(int(k.sum()), -1, dtype=np.int64))
         else:
-            batch = C.Batch(1, 1, pseqs, slot_mapping=slots)
-        prepared.append((g, layer, ctx, batch))
+            batch = C.Batch.columns(bsz if src is not None else 1,
+                                    src.num_blocks if src is not None else 1, n, 0, e32, 1, 0, 0,
+                                    slot_mapping=slots)
+        prepared.append((int(start[g0]), layer, ctx, batch))
 
     if before_write is not None:
         before_write()
-    for start, n in empties:
-        empty_rows(start, n)
-    for g, layer, ctx, batch in prepared:
-        r0 = g["first_row"]
+    for i in empties:
+        empty_rows(int(seqs.q_start[i]), int(skip[i]))
+    for r0, layer, ctx, batch in prepared:
         kp = vp = None
         krs = vrs = 0
         cache = src.cache if src is not None else None
@@ -280,8 +345,8 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
     kvd0 = src.cache.dtype
     if kvd0 in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2):
         kvd0 = L.PA_DTYPE_F32
-    for i, s in enumerate(seqs):
-        ql, kl = s["q_len"], s["k_len"]
+    for i in range(len(seqs)):
+        ql, kl = int(seqs.q_len[i]), int(seqs.k_len[i])
         if ql > kl and kl > 0 and alibi is not None and sinks is not None:
             raise NotImplementedError(
                 "non-causal attention with ALiBi and sinks where seqlen_q (%d) > seqlen_k (%d) is "
@@ -292,14 +357,15 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
                 layer_for(L.PA_ATTN_DECODER, i, w=(-1, -1), kvd=kvd0, cd=kvd0).context(backend)
     if before_write is not None:
         before_write()
-    for i, s in enumerate(seqs):
-        ql, kl = s["q_len"], s["k_len"]
+    for i in range(len(seqs)):
+        ql, kl = int(seqs.q_len[i]), int(seqs.k_len[i])
+        q0 = int(seqs.q_start[i])
         if ql == 0:
             continue
         if kl == 0:
-            empty_rows(s["q_start"], ql)
+            empty_rows(q0, ql)
             continue
-        Kc, Vc = _gather_keys(src, s.get("table"), kl, s.get("k_start", 0))
+        Kc, Vc = _gather_keys(src, seqs, i, kl)
         kind = src.cache.dtype
         if kind in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2):
             Kc = _dequant(np.ascontiguousarray(Kc), kind, ks)
@@ -310,7 +376,6 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
         Kc = np.ascontiguousarray(Kc)
         Vc = np.ascontiguousarray(Vc)
         m = min(ql, kl)
-        q0 = s["q_start"]
         # (1) rows with p >= 0: padded encoder_only
         Qp = np.zeros((kl, H, D), dtype=Qn.dtype)
         Qp[kl - m:] = Qn[q0 + ql - m:q0 + ql]

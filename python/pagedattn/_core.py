@@ -4,7 +4,7 @@ import ctypes
 import os
 import threading
 from collections import OrderedDict
-from ctypes import byref, c_float, c_int32, c_int64
+from ctypes import byref, c_float, c_int32
 
 import numpy as np
 
@@ -98,15 +98,12 @@ _layer_lock = threading.Lock()
 
 def get_layer(**kw):
     """A cached Layer for these parameters (layers are immutable, so they can be shared)."""
-    key = []
-    for k in sorted(kw):
-        v = kw[k]
-        if isinstance(v, np.ndarray):
-            v = (v.dtype.str, v.shape, v.tobytes())
-        elif isinstance(v, list):
-            v = tuple(v)
-        key.append((k, v))
-    key = tuple(key)
+    key = tuple(sorted(kw.items()))
+    try:
+        hash(key)
+    except TypeError:  # arrays (ALiBi slopes, sinks) and lists: by value
+        key = tuple((k, (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray)
+                     else tuple(v) if isinstance(v, list) else v) for k, v in key)
     with _layer_lock:
         layer = _layer_cache.get(key)
         if layer is not None:
@@ -122,47 +119,115 @@ def get_layer(**kw):
 
 # ---- batches ------------------------------------------------------------------------------------
 
+def _struct_words(ct):
+    """Where the fields of ctypes Structure `ct` sit: {name: index} in 32-bit words for the
+    int32 fields and in 64-bit words for the pointers, and its size in 32-bit words."""
+    ints, ptrs = {}, {}
+    for name, t in ct._fields_:
+        off = getattr(ct, name).offset
+        if issubclass(t, ctypes._Pointer):
+            assert off % 8 == 0 and ctypes.sizeof(t) == 8
+            ptrs[name] = off // 8
+        else:
+            assert t is c_int32 and off % 4 == 0
+            ints[name] = off // 4
+    assert ctypes.sizeof(ct) % 8 == 0
+    return ints, ptrs, ctypes.sizeof(ct) // 4
+
+
+_SEQ_WORD, _SEQ_ADDR, _SEQ_WORDS = _struct_words(L.pa_seq)
+
+
+def table_columns(tables):
+    """(addresses, lengths, keep) of a list of int32 block tables (None or empty: NULL, 0)."""
+    n = len(tables)
+    addr = np.zeros(n, dtype=np.uintp)
+    num = np.zeros(n, dtype=np.int64)
+    keep = []
+    for i, t in enumerate(tables):
+        if t is not None and len(t):
+            t = np.ascontiguousarray(t, dtype=np.int32)
+            keep.append(t)
+            addr[i] = t.ctypes.data
+            num[i] = t.size
+    return addr, num, keep
+
+
 class Batch:
     """A validated pa_batch. `seqs` is a list of dicts with context_len, query_len, is_prefill,
-    block_table (int32 array or None), encoder_len, cross_block_table."""
+    block_table (int32 array or None), encoder_len, cross_block_table; `Batch.columns` makes one
+    from per-sequence arrays instead."""
 
     def __init__(self, block_size, num_blocks, seqs, num_cross_blocks=0, slot_mapping=None,
                  cross_slot_mapping=None):
-        n = len(seqs)
-        arr = (L.pa_seq * max(n, 1))()
-        keep = []
-        for i, s in enumerate(seqs):
-            e = arr[i]
-            e.context_len = int(s.get("context_len", 0))
-            e.query_len = int(s["query_len"])
-            e.is_prefill = 1 if s.get("is_prefill", True) else 0
-            t = s.get("block_table")
-            if t is not None and len(t):
-                t = np.ascontiguousarray(t, dtype=np.int32)
-                keep.append(t)
-                e.block_table = A.ptr(t, c_int32)
-                e.num_blocks = t.size
-            e.encoder_len = int(s.get("encoder_len", 0))
-            ct = s.get("cross_block_table")
-            if ct is not None and len(ct):
-                ct = np.ascontiguousarray(ct, dtype=np.int32)
-                keep.append(ct)
-                e.cross_block_table = A.ptr(ct, c_int32)
-                e.num_cross_blocks = ct.size
+        g = [s.get for s in seqs]
+        addr, num, keep = table_columns([s("block_table") for s in g])
+        caddr, cnum, ckeep = table_columns([s("cross_block_table") for s in g])
+        self._init(block_size, num_blocks, len(seqs),
+                   [s("context_len", 0) for s in g], [s("query_len") for s in g],
+                   [1 if s("is_prefill", True) else 0 for s in g], addr, num,
+                   [s("encoder_len", 0) for s in g], caddr, cnum, num_cross_blocks,
+                   slot_mapping, cross_slot_mapping)
+
+    @classmethod
+    def columns(cls, block_size, num_blocks, n, context_len, query_len, is_prefill, table_addr,
+                table_len, encoder_len=0, cross_addr=0, cross_len=0, num_cross_blocks=0,
+                slot_mapping=None, cross_slot_mapping=None):
+        """A batch of n sequences from per-sequence arrays (or scalars for all): table_addr are
+        the addresses of int32 block tables of table_len entries (0 for none); the tables must
+        stay alive only during this call (the library copies them)."""
+        b = cls.__new__(cls)
+        b._init(block_size, num_blocks, n, context_len, query_len, is_prefill, table_addr,
+                table_len, encoder_len, cross_addr, cross_len, num_cross_blocks, slot_mapping,
+                cross_slot_mapping)
+        return b
+
+    def _init(self, block_size, num_blocks, n, context_len, query_len, is_prefill, table_addr,
+              table_len, encoder_len, cross_addr, cross_len, num_cross_blocks, slot_mapping,
+              cross_slot_mapping):
+        # the pa_seq array as rows of 32-bit words (int fields) and 64-bit words (pointers)
+        rows = max(n, 1)
+        raw = np.zeros(rows * _SEQ_WORDS, dtype=np.int32)
+        words = raw.reshape(rows, _SEQ_WORDS)
+        addrs = raw.view(np.uintp).reshape(rows, _SEQ_WORDS // 2)
+        for name, x in (("context_len", context_len), ("query_len", query_len),
+                        ("is_prefill", is_prefill), ("num_blocks", table_len),
+                        ("encoder_len", encoder_len), ("num_cross_blocks", cross_len)):
+            col = _SEQ_WORD[name]
+            if isinstance(x, (int, np.integer, bool)):
+                if not -2**31 <= int(x) < 2**31:
+                    raise ValueError("%s = %d is out of the int32 range" % (name, int(x)))
+                words[:n, col] = int(x)
+                continue
+            x = np.asarray(x)
+            if x.shape != (n,):
+                raise AssertionError("internal: %s has shape %s for %d sequences"
+                                     % (name, x.shape, n))
+            words[:n, col] = x
+            if x.dtype != np.int32 and x.dtype != np.bool_ and not np.array_equal(
+                    words[:n, col], x):
+                raise ValueError("%s holds values out of the int32 range" % name)
+        for name, x in (("block_table", table_addr), ("cross_block_table", cross_addr)):
+            if isinstance(x, (int, np.integer)) and int(x) == 0:
+                continue
+            addrs[:n, _SEQ_ADDR[name]] = x
+        if isinstance(query_len, (int, np.integer)):
+            self.num_tokens = n * int(query_len)
+        else:
+            self.num_tokens = int(words[:n, _SEQ_WORD["query_len"]].sum(dtype=np.int64))
         cfg = L.pa_batch_config()
         cfg.block_size = int(block_size)
         cfg.num_blocks = int(num_blocks)
         cfg.num_cross_blocks = int(num_cross_blocks)
         if slot_mapping is not None:
             slot_mapping = np.ascontiguousarray(slot_mapping, dtype=np.int64)
-            cfg.slot_mapping = A.ptr(slot_mapping, c_int64)
+            cfg.slot_mapping = slot_mapping.ctypes.data
         if cross_slot_mapping is not None:
             cross_slot_mapping = np.ascontiguousarray(cross_slot_mapping, dtype=np.int64)
-            cfg.cross_slot_mapping = A.ptr(cross_slot_mapping, c_int64)
+            cfg.cross_slot_mapping = cross_slot_mapping.ctypes.data
         h = L.pa_batch_p()
-        L.check(lib.pa_batch_create(byref(cfg), arr, n, byref(h)), "pa_batch_create")
+        L.check(lib.pa_batch_create(byref(cfg), raw.ctypes.data, n, byref(h)), "pa_batch_create")
         self.handle = h
-        self.num_tokens = sum(int(s["query_len"]) for s in seqs)
         self._plans = {}
 
     def metadata(self):
@@ -277,7 +342,7 @@ def forward(ctx, layer, batch, q_ptr, q_rs, k_ptr, k_rs, v_ptr, v_rs, cache, out
         args.cache = ctypes.pointer(cache)
     args.out, args.out_row_stride = out_ptr, out_rs
     if lse_ptr:
-        args.lse = ctypes.cast(ctypes.c_void_p(lse_ptr), ctypes.POINTER(c_float))
+        args.lse = lse_ptr
         args.lse_token_stride, args.lse_head_stride = lse_ts, lse_hs
     with ctx.lock:
         L.check(lib.pa_attn_forward(ctx.handle, layer.handle, batch.handle,

@@ -116,8 +116,8 @@ class pa_batch_config(Structure):
         ("block_size", c_int32),
         ("num_blocks", c_int64),
         ("num_cross_blocks", c_int64),
-        ("slot_mapping", POINTER(c_int64)),
-        ("cross_slot_mapping", POINTER(c_int64)),
+        ("slot_mapping", c_void_p),        # int64 array address (set from Python ints)
+        ("cross_slot_mapping", c_void_p),
     ]
 
 
@@ -171,7 +171,7 @@ class pa_forward_args(Structure):
         ("cache", POINTER(pa_cache)),
         ("out", c_void_p),
         ("out_row_stride", c_int64),
-        ("lse", POINTER(c_float)),
+        ("lse", c_void_p),  # float array address
         ("lse_token_stride", c_int64),
         ("lse_head_stride", c_int64),
     ]
@@ -252,7 +252,7 @@ _PROTOTYPES = {
     "pa_cache_pool_elems": (c_int64, [POINTER(pa_cache)]),
     "pa_cache_read_token": (pa_status, [POINTER(pa_cache), c_int64, c_float, c_float,
                                         POINTER(c_float), POINTER(c_float)]),
-    "pa_batch_create": (pa_status, [POINTER(pa_batch_config), POINTER(pa_seq), c_int32,
+    "pa_batch_create": (pa_status, [POINTER(pa_batch_config), c_void_p, c_int32,
                                     POINTER(pa_batch_p)]),
     "pa_batch_destroy": (None, [pa_batch_p]),
     "pa_batch_get_metadata": (POINTER(pa_batch_metadata), [pa_batch_p]),

@@ -553,10 +553,9 @@ class PagedAttnImpl:
         """Profiling run (empty kv_cache): causal attention over the step's own tokens."""
         cu = md.query_start_loc
         src = _attn.packed_source(kv, vv, cu.astype(np.int64), kv.kind)
-        seqs = [{"q_start": int(cu[i]), "q_len": int(md.query_lens[i]),
-                 "k_len": int(md.query_lens[i]), "k_start": int(cu[i]),
-                 "table": np.arange(cu[i], cu[i + 1], dtype=np.int32)}
-                for i in range(md.num_seqs)]
+        n = md.num_seqs
+        qlens = np.asarray(md.query_lens[:n], dtype=np.int64)
+        seqs = _attn.packed_seqs(cu[:n], qlens, qlens, cu[:n], kv.shape[0])
         win = (self.sliding_window - 1, 0) if self.sliding_window else (-1, -1)
         if self.blocksparse is not None:
             raise NotImplementedError("block-sparse attention needs a kv_cache")

@@ -239,12 +239,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         if B and int(klens.max()) > cap:
             raise ValueError("a key length (%d) exceeds the block table's capacity (%d blocks "
                              "of %d)" % (int(klens.max()), bt.shape[1], cache.block_size))
-        seqs = []
-        for i in range(B):
-            kl = int(klens[i])
-            nb = -(-kl // cache.block_size)
-            seqs.append({"q_start": int(cu_q[i]), "q_len": int(qlens[i]), "k_len": kl,
-                         "table": bt[i, :nb]})
+        seqs = _attn.paged_seqs(cu_q[:-1], qlens, klens, bt, contiguous=True)
     else:
         if kv_.ndim != 3 or vv_.ndim != 3:
             raise ValueError("without block_table, k and v must be packed [total_k, num_kv_heads, "
@@ -268,12 +263,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
                 raise ValueError("seqused_k must hold %d lengths within cu_seqlens_k's" % B)
             klens = su
         src = _attn.packed_source(kv_, vv_, cu_k, cdt)
-        seqs = []
-        for i in range(B):
-            kl = int(klens[i])
-            seqs.append({"q_start": int(cu_q[i]), "q_len": int(qlens[i]), "k_len": kl,
-                         "k_start": int(cu_k[i]),
-                         "table": np.arange(cu_k[i], cu_k[i] + kl, dtype=np.int32)})
+        seqs = _attn.packed_seqs(cu_q[:-1], qlens, klens, cu_k[:-1], kv_.shape[0], contiguous=True)
         if (not causal and (win != (-1, -1) or alibi is not None) and
                 np.array_equal(cu_q, cu_k) and np.array_equal(klens, qlens) and
                 cdt in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16) and kv_.shape[0] > 0):
@@ -373,15 +363,19 @@ def _flat(v3):
     return v3.obj
 
 
-def _rows_view(x, name, shape4):
-    """[B, S, H, D] -> a [B*S, H, D] View (copying only when rows are not uniformly strided)."""
-    v = A.float_view(x, name)
+def _rows_view(x, name, shape4, v=None, copy=True):
+    """[B, S, H, D] -> a [B*S, H, D] View (copying only when rows are not uniformly strided;
+    with copy=False that is an internal error). v: x's View when the caller has it already."""
+    if v is None:
+        v = A.float_view(x, name)
     A.check_ndim(v, name, 4, "[batch, seqlen, heads, head_size]")
     b, s, h, d = v.shape
     st = v.strides
     uniform = (b == 1 or s == 1 or st[0] == s * st[1])
     inner = (d == 1 or st[3] == 1) and (h == 1 or st[2] == d)
     if not (uniform and inner):
+        if not copy:
+            raise AssertionError("internal: %s would be copied" % name)
         if v.torch:
             x = x.contiguous()
         else:
@@ -389,9 +383,8 @@ def _rows_view(x, name, shape4):
         v = A.view(x, name)
         st = v.strides
     row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
-    rows = v.obj.reshape(b * s, h, d)  # a view: the rows are uniformly strided
-    if A.view(rows, name).ptr != v.ptr:
-        raise AssertionError("internal: %s rows are not a view" % name)
+    # reshape makes a view (never a copy) of uniformly strided rows, in numpy and torch alike
+    rows = v.obj.reshape(b * s, h, d)
     return A.View(rows, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
 
 
@@ -448,7 +441,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     qv4 = A.float_view(q, "q")
     A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
     B, Sq, H, D = qv4.shape
-    qv = _rows_view(q, "q", qv4.shape)
+    qv = _rows_view(q, "q", qv4.shape, qv4)
     kcv = A.view(k_cache, "k_cache")
     vcv = A.view(v_cache, "v_cache")
     cdt = C.cache_dtype_of(kcv, kv_cache_dtype, "k_cache")
@@ -474,24 +467,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     elif isinstance(cache_seqlens, (int, np.integer)):
         seqlens = np.full(B, int(cache_seqlens), dtype=np.int64)
     else:
-        seqlens = A.to_np(cache_seqlens, np.int64, "cache_seqlens")
-        seqlens = np.broadcast_to(seqlens.reshape(-1), (B,)).copy() if seqlens.size in (1, B) \
-            else None
-        if seqlens is None:
+        seqlens = A.to_np(cache_seqlens, np.int64, "cache_seqlens").reshape(-1)
+        if seqlens.size == 1 and B != 1:
+            seqlens = np.repeat(seqlens, B)
+        elif seqlens.size != B:
             raise ValueError("cache_seqlens must be an int or hold %d lengths" % B)
-    if np.any(seqlens < 0):
+    if B and int(seqlens.min()) < 0:
         raise ValueError("cache_seqlens must be >= 0, got %s" % seqlens.tolist())
     new_kv = None
     Snew = 0
     if (k is None) != (v is None):
         raise ValueError("give both k and v, or neither")
     if k is not None:
-        kn = _rows_view(k, "k", None)
-        vn = _rows_view(v, "v", None)
-        Snew = A.view(k, "k").shape[1]
-        if A.view(k, "k").shape[0] != B or A.view(v, "v").shape[:2] != (B, Snew):
+        kv4, vv4 = A.float_view(k, "k"), A.float_view(v, "v")
+        kn = _rows_view(k, "k", None, kv4)
+        vn = _rows_view(v, "v", None, vv4)
+        Snew = kv4.shape[1]
+        if kv4.shape[0] != B or vv4.shape[:2] != (B, Snew):
             raise ValueError("k and v must be [batch=%d, seqlen_new, num_kv_heads, head_size]; got "
-                             "%s and %s" % (B, A.view(k, "k").shape, A.view(v, "v").shape))
+                             "%s and %s" % (B, kv4.shape, vv4.shape))
         if kn.shape[1:] != (cache.num_kv_heads, D) or vn.shape != kn.shape:
             raise ValueError("k/v heads and head_size must match the cache (%d, %d); got %s, %s"
                              % (cache.num_kv_heads, D, kn.shape, vn.shape))
@@ -515,12 +509,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     ks = A.scalar(k_scale, "k_scale")
     vs = A.scalar(v_scale, "v_scale")
     src = _attn.Source(cache, kcv, vcv, BS, cache.num_blocks)
-    seqs = []
-    for b in range(B):
-        kl = int(klens[b])
-        seqs.append({"q_start": b * Sq, "q_len": Sq, "k_len": kl,
-                     "table": bt[b, :-(-kl // BS)]})
+    seqs = _attn.paged_seqs(np.arange(B, dtype=np.int64) * Sq, Sq, klens, bt, contiguous=True)
     # output [B, Sq, H, D]
+    ov4 = None
     if out is None:
         out_obj = A.empty_like_rows(qv, (B, Sq, H, D), qv.kind)
     else:
@@ -534,9 +525,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                 and (H == 1 or st[2] == D)):
             raise ValueError("out must have uniformly strided rows with contiguous heads; got "
                              "strides %s" % (st,))
-    ov = _rows_view(out_obj, "out", None)
-    if ov.ptr != A.view(out_obj, "out").ptr:
-        raise AssertionError("internal: out copied")
+    ov = _rows_view(out_obj, "out", None, ov4, copy=False)
     lse = None
     lse_tmp = None
     if return_softmax_lse:

@@ -241,3 +241,17 @@ def test_default_backend_reads_host_memory():
         pytest.skip("PAGEDATTN_BACKEND is set")
     b = pa.get_attn_backend()
     assert _lib.backend_memory(b.get_name()) == _lib.PA_MEMORY_HOST
+
+
+def test_batch_lengths_beyond_int32():
+    """The library's lengths are int32: larger ones are a ValueError, never a silent wrap (the
+    package fills the C sequence array a column at a time)."""
+    from pagedattn import _core as C
+    table = np.zeros(4, np.int32)
+    ok = {"context_len": 3, "query_len": 1, "is_prefill": False, "block_table": table}
+    C.Batch(16, 4, [ok])  # the same with in-range values passes
+    for key, val in (("context_len", 2 ** 31), ("query_len", 2 ** 32 + 1), ("context_len", -2 ** 31 - 1)):
+        with pytest.raises(ValueError, match="int32"):
+            C.Batch(16, 4, [dict(ok, **{key: val})])
+    with pytest.raises(ValueError, match="int32"):
+        C.Batch.columns(16, 4, 2, np.array([3, 2 ** 31]), 1, 0, np.array([table.ctypes.data] * 2, np.uintp), 1)

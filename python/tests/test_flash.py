@@ -544,3 +544,30 @@ def test_packed_variants(backend, rng):
     for b in range(B):
         ro, _ = O.attention(q[b], k[b], v[b], np.arange(S), scale=D ** -0.5)
         O.assert_close(ref[b], ro, dt)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("extra", [{}, {"window_size": (2, 2)}, {"s_aux": [0.5, -1.0, 2.0, 0.0]}])
+def test_varlen_empty_batches(backend, causal, extra):
+    """No query rows at all, and query rows with no keys at all (total_k = 0): FlashAttention
+    returns empty outputs, and rows that see no key get 0 (lse -inf, or the sink's logit)."""
+    H, Hkv, D = 4, 2, 32
+    if not causal and "window_size" not in extra:
+        extra = dict(extra, alibi_slopes=np.ones(H, np.float32))
+    kc = np.full((3, 16, Hkv, D), np.nan, np.float32)
+    q0 = np.zeros((0, H, D), np.float32)
+    out, lse = pa.flash_attn_varlen_func(
+        q0, kc, kc, 1, np.array([0, 0], np.int32), 5, seqused_k=np.array([5], np.int32),
+        block_table=np.array([[1]], np.int32), causal=causal, return_softmax_lse=True,
+        backend=backend, **extra)
+    assert out.shape == (0, H, D) and lse.shape == (H, 0)
+    no_k = np.zeros((0, Hkv, D), np.float32)
+    for total_q in (0, 3):
+        q = np.ones((total_q, H, D), np.float32)
+        out, lse = pa.flash_attn_varlen_func(
+            q, no_k, no_k, 3, np.array([0, total_q], np.int32), 0, np.array([0, 0], np.int32),
+            causal=causal, return_softmax_lse=True, backend=backend, **extra)
+        assert out.shape == (total_q, H, D) and lse.shape == (H, total_q)
+        assert np.all(out == 0)
+        want = np.asarray(extra["s_aux"], np.float32) if "s_aux" in extra else np.full(H, -np.inf)
+        assert np.array_equal(lse, np.repeat(want[:, None], total_q, axis=1))
