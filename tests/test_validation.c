@@ -1176,6 +1176,64 @@ static void test_allocator(void)
     pa_set_allocator(NULL);
 }
 
+/* Strides of dimensions of extent 1 never multiply a nonzero index, so any value is valid there
+ * (numpy gives such dimensions arbitrary strides): a forward and a cache write through such a
+ * view give the same bits, in the output and the pools, as through the packed view, on every host
+ * backend. (The fuzzer found the cpu backend multiplying a 2^62 token stride of a block_size 1
+ * cache by the element size: a signed overflow.) */
+static void test_unit_extent_strides(void)
+{
+    enum { UH = 2, UD = 8, UNB = 24, UTOK = 22, UQ = 20 }; /* > 16 rows: the tiled prefill path */
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, UH, 1, UD);
+    pa_layer *L = NULL;
+    CHECK_OK(pa_layer_create(&cfg, &L));
+    int32_t table[UTOK];
+    int64_t slots[UQ + 1];
+    for (int t = 0; t < UTOK; t++) table[t] = (t * 7 + 3) % UNB; /* distinct blocks */
+    for (int t = 0; t < UQ; t++) slots[t] = table[UTOK - UQ + t];
+    slots[UQ] = -1;
+    /* a prefill chunk (the last UQ positions) and a decode over the same blocks, block size 1 */
+    pa_seq s[2] = {mkseq(UTOK - UQ, UQ, 1, table, UTOK), mkseq(UTOK - 1, 1, 0, table, UTOK)};
+    pa_batch_config bc = {1, UNB, 0, slots, NULL};
+    pa_batch *B = NULL;
+    CHECK_OK(pa_batch_create(&bc, s, 2, &B));
+    pa_cache c;
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, UNB, 1, 1, UD));
+    CHECK_OK(pa_cache_alloc(&c));
+    pa_cache odd = c; /* token (block_size 1) and head (1 KV head) strides of extent-1 dims */
+    odd.token_stride = (int64_t)1 << 62;
+    odd.head_stride = ((int64_t)1 << 62) + 3;
+    enum { NQ = (UQ + 1) * UH * UD, NK = (UQ + 1) * UD };
+    float q[NQ], k[NK], v[NK], out[2][NQ], lse[2][(UQ + 1) * UH], pools[2][2][UNB * UD];
+    for (int i = 0; i < NQ; i++) q[i] = (float)((i * 7) % 11) * 0.125f - 0.5f;
+    for (int i = 0; i < NK; i++) k[i] = (float)(i % 3) - 1.0f, v[i] = (float)(i % 5) * 0.5f;
+    static const char *names[] = {"reference", "cpu"};
+    for (int n = 0; n < 2 && B && L; n++) {
+        const pa_backend *be = pa_backend_find(names[n]);
+        pa_context *ctx = NULL;
+        if (!be || pa_context_create(be, NULL, &ctx)) continue;
+        for (int r = 0; r < 2; r++) {
+            for (int i = 0; i < UNB * UD; i++) /* the same pools before each run */
+                ((float *)c.key)[i] = (float)((i * 5) % 9) * 0.25f - 1.0f,
+                ((float *)c.value)[i] = (float)((i * 3) % 7) * 0.5f;
+            memset(out[r], 0xA5, sizeof out[r]);
+            pa_forward_args a = {.q = q, .k = k, .v = v, .cache = r ? &odd : &c, .out = out[r], .lse = lse[r]};
+            CHECK_OK(pa_attn_forward(ctx, L, B, NULL, &a));
+            memcpy(pools[r][0], c.key, sizeof pools[r][0]);
+            memcpy(pools[r][1], c.value, sizeof pools[r][1]);
+        }
+        CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0);
+        CHECK(memcmp(lse[0], lse[1], sizeof lse[0]) == 0);
+        CHECK(memcmp(pools[0], pools[1], sizeof pools[0]) == 0);
+        CHECK(out[0][0] == out[0][0] && lse[0][0] > -1e30f); /* written, finite */
+        pa_context_destroy(ctx);
+    }
+    pa_cache_free(&c);
+    pa_batch_destroy(B);
+    pa_layer_destroy(L);
+}
+
 int main(void)
 {
     test_layer();
@@ -1184,6 +1242,7 @@ int main(void)
     test_csr();
     test_backends();
     test_forward();
+    test_unit_extent_strides();
     test_cache_write();
     test_copy_swap();
     test_merge();

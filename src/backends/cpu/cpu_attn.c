@@ -91,16 +91,20 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
         return;
     }
     const pa_cache *c = ks->cache;
-    const int64_t bs = c->block_size, ts = c->token_stride * (int64_t)ks->esz;
+    /* the token stride only multiplies t < block_size - 1 (validated so); with block_size 1 it
+     * may be anything (extent 1), so it is neither scaled nor added there */
+    const int64_t bs = c->block_size, ts = bs > 1 ? c->token_stride * (int64_t)ks->esz : 0;
     int64_t b = a / bs, t = a % bs;
     for (int i = 0; i < n; b++, t = 0) {
         int64_t off = ((int64_t)ks->table[b] * c->block_stride + t * c->token_stride + ks->head_off) *
                       (int64_t)ks->esz;
         const char *kp = ks->kbase + off, *vp = ks->vbase + off;
-        for (; t < bs && i < n; t++, i++, kp += ts, vp += ts) {
-            krows[i] = kp;
-            vrows[i] = vp;
+        int m = (int)(bs - t < n - i ? bs - t : n - i); /* rows of this block */
+        for (int j = 0; j < m; j++) {
+            krows[i + j] = kp + j * ts;
+            vrows[i + j] = vp + j * ts;
         }
+        i += m;
     }
 }
 
