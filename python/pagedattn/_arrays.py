@@ -106,8 +106,12 @@ def _torch_kind(t):
     return m.get(t.dtype, str(t.dtype).replace("torch.", ""))
 
 
-def view(x, name):
-    """A View of array `x` (numpy array or torch CPU tensor); `name` is used in error messages."""
+def view(x, name, write=False):
+    """A View of array `x` (numpy array or torch CPU tensor); `name` is used in error messages.
+    write: the library will write into x, so a read-only numpy array is a ValueError."""
+    if write and type(x) is np.ndarray and not x.flags.writeable:
+        raise ValueError("%s is read-only (its writeable flag is off), but it is written to"
+                         % name)
     if x is None:
         raise ValueError("%s must be an array, got None" % name)
     if type(x) is not np.ndarray:
@@ -137,13 +141,20 @@ def view(x, name):
     return View(x, x.ctypes.data or 0, x.shape, strides, kind, item, False)
 
 
-def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16)):
-    v = view(x, name)
+def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16), write=False):
+    v = view(x, name, write)
     if v.kind not in allowed:
         raise ValueError("%s: dtype %s is not supported; expected one of %s"
                          % (name, v.dtype_name() if isinstance(v.kind, int) else v.kind,
                             ", ".join(DTYPE_NAMES[a] for a in allowed)))
     return v
+
+
+def require_writable(v, name):
+    """ValueError unless the library may write into View v (numpy's writeable flag)."""
+    if not v.torch and v.obj is not None and not v.obj.flags.writeable:
+        raise ValueError("%s is read-only (its writeable flag is off), but it is written to"
+                         % name)
 
 
 def check_ndim(v, name, ndim, what):

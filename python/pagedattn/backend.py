@@ -489,7 +489,7 @@ class PagedAttnImpl:
             out_obj = A.empty_like_rows(qv, (T, H * D), qv.kind)
         else:
             out_obj = output
-        ov = _heads_view(out_obj, A.float_view(out_obj, "output"), H, D, "output")
+        ov = _heads_view(out_obj, A.float_view(out_obj, "output", write=True), H, D, "output")
         if ov.kind != qv.kind:
             raise ValueError("output dtype %s differs from query dtype %s"
                              % (ov.dtype_name(), qv.dtype_name()))
@@ -519,6 +519,8 @@ class PagedAttnImpl:
             cdt = C.cache_dtype_of(cv, self.kv_cache_dtype, "kv_cache")
             cache = C.paged_cache(kc, vc, cdt, "kv_cache[0]", "kv_cache[1]")
             num_blocks = cache.num_blocks
+            if kv is not None:  # the new keys and values go into the cache
+                A.require_writable(cv, "kv_cache")
         elif kv is None:
             raise ValueError("encoder attention needs key and value")
         fp8 = cdt in (L.PA_DTYPE_FP8_E4M3, L.PA_DTYPE_FP8_E5M2)
@@ -649,7 +651,8 @@ class PagedAttnBackend:
     def swap_blocks(self, src_kv_cache, dst_kv_cache, src_to_dst):
         """Copies blocks ``src_to_dst[i, 0]`` of ``src_kv_cache`` to blocks ``src_to_dst[i, 1]``
         of ``dst_kv_cache`` (both ``[2, num_blocks, ...]``, keys and values)."""
-        sv, dv = A.view(src_kv_cache, "src_kv_cache"), A.view(dst_kv_cache, "dst_kv_cache")
+        sv = A.view(src_kv_cache, "src_kv_cache")
+        dv = A.view(dst_kv_cache, "dst_kv_cache", write=True)
         for v, n in ((sv, "src_kv_cache"), (dv, "dst_kv_cache")):
             if v.ndim < 3 or v.shape[0] != 2:
                 raise ValueError("%s must be [2, num_blocks, ...], got shape %s" % (n, v.shape))

@@ -72,7 +72,7 @@ def _new_out(out, q, shape, name="out"):
     if out is None:
         obj = A.empty_like_rows(q, shape, q.kind)
         return obj, A.view(obj, name)
-    ov = A.float_view(out, name)
+    ov = A.float_view(out, name, write=True)
     if ov.shape != tuple(shape):
         raise ValueError("%s must have shape %s, got %s" % (name, tuple(shape), ov.shape))
     if ov.kind != q.kind:
@@ -497,6 +497,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                              % cap)
         slots = (bt[np.arange(B)[:, None], pos // BS].astype(np.int64) * BS + pos % BS).reshape(-1)
         new_kv = (kn, vn, slots)
+        A.require_writable(kcv, "k_cache")  # the new keys and values go into the cache
+        A.require_writable(vcv, "v_cache")
     klens = seqlens + Snew
     if B and int(klens.max()) > cap:
         raise ValueError("cache_seqlens (max %d) exceed the cache capacity (%d tokens)"
@@ -516,7 +518,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         out_obj = A.empty_like_rows(qv, (B, Sq, H, D), qv.kind)
     else:
         out_obj = out
-        ov4 = A.float_view(out, "out")
+        ov4 = A.float_view(out, "out", write=True)
         if ov4.shape != (B, Sq, H, D) or ov4.kind != qv.kind:
             raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
                              % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
@@ -671,8 +673,8 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     if kn.shape != vn.shape or kn.kind != vn.kind:
         raise ValueError("key %s %s and value %s %s must have the same shape and dtype"
                          % (kn.shape, kn.dtype_name(), vn.shape, vn.dtype_name()))
-    kcv = A.view(key_cache, "key_cache")
-    vcv = A.view(value_cache, "value_cache")
+    kcv = A.view(key_cache, "key_cache", write=True)
+    vcv = A.view(value_cache, "value_cache", write=True)
     cdt = C.cache_dtype_of(kcv, kv_cache_dtype, "key_cache")
     C.cache_dtype_of(vcv, kv_cache_dtype, "value_cache")
     cache = C.paged_cache(kcv, vcv, cdt)
@@ -796,7 +798,8 @@ def copy_blocks(key_caches, value_caches, block_mapping, backend=None):
         return
     arr = (L.pa_cache * n)()
     for i, (kc, vc) in enumerate(zip(key_caches, value_caches)):
-        arr[i] = _pool_cache(A.view(kc, "key_caches[%d]" % i), A.view(vc, "value_caches[%d]" % i),
+        arr[i] = _pool_cache(A.view(kc, "key_caches[%d]" % i, write=True),
+                             A.view(vc, "value_caches[%d]" % i, write=True),
                              "key_caches[%d]" % i, "value_caches[%d]" % i)
     ctx = _ctx_for(backend)
     p = A.ptr(pairs, ctypes.c_int64)
@@ -817,7 +820,7 @@ def swap_blocks(src, dst, block_mapping, backend=None):
         block_mapping: int64 ``[num_pairs, 2]`` of (src block, dst block); destinations distinct.
         backend: optional backend name whose context runs the copy.
     """
-    sv, dv = A.view(src, "src"), A.view(dst, "dst")
+    sv, dv = A.view(src, "src"), A.view(dst, "dst", write=True)
     if sv.shape[1:] != dv.shape[1:] or sv.itemsize != dv.itemsize or sv.kind != dv.kind:
         raise ValueError("src (shape %s, %s) and dst (shape %s, %s) must have the same block shape "
                          "and dtype" % (sv.shape, sv.dtype_name(), dv.shape, dv.dtype_name()))
@@ -860,7 +863,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     ``out = (out_a * wa + out_b * wb) / (wa + wb)``, ``lse = M + log(wa + wb)``; both parts
     empty gives out = 0 and lse = -inf.
     """
-    ov = A.float_view(output, "output")
+    ov = A.float_view(output, "output", write=True)
     A.check_ndim(ov, "output", 3, "[num_tokens, num_heads, head_size]")
     T, H, D = ov.shape
     ins = []
@@ -893,7 +896,7 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
     tmp_lse = None
     lse_target = None
     if output_lse is not None:
-        lv = A.float_view(output_lse, "output_lse", allowed=(L.PA_DTYPE_F32,))
+        lv = A.float_view(output_lse, "output_lse", allowed=(L.PA_DTYPE_F32,), write=True)
         if lv.shape != (H, T):
             raise ValueError("output_lse must be [num_heads, num_tokens] = [%d, %d], got %s"
                              % (H, T, lv.shape))

@@ -22,8 +22,8 @@ __all__ = ["paged_attention_v1", "paged_attention_v2", "reshape_and_cache", "con
            "context_attention_fwd"]
 
 
-def _np(x, name):
-    v = A.view(x, name)
+def _np(x, name, write=False):
+    v = A.view(x, name, write)
     return _attn.as_numpy(v), v
 
 
@@ -56,7 +56,7 @@ def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, 
     tokens (the query is the last of them), written into ``out`` ``[num_seqs, num_heads,
     head_size]``. Caches in vLLM's paged layout (uint8 for fp8). Block sparsity is on when
     ``blocksparse_vert_stride > 1``. Copies the used blocks to a flash-layout cache first."""
-    ov = A.float_view(out, "out")
+    ov = A.float_view(out, "out", write=True)
     qv = A.float_view(query, "query")
     A.check_ndim(qv, "query", 3, "[num_seqs, num_heads, head_size]")
     if ov.shape != qv.shape or ov.kind != qv.kind:
@@ -141,8 +141,8 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache
     A.check_ndim(kv, "key", 3, "[num_tokens, num_kv_heads, head_size]")
     if vv.shape != kv.shape or vv.kind != kv.kind:
         raise ValueError("key and value must have the same shape and dtype")
-    kcn, kcv = _np(key_cache, "key_cache")
-    vcn, vcv = _np(value_cache, "value_cache")
+    kcn, kcv = _np(key_cache, "key_cache", write=True)
+    vcn, vcv = _np(value_cache, "value_cache", write=True)
     cdt = _cache_kind(kcv, kv_cache_dtype, "key_cache")
     _cache_kind(vcv, kv_cache_dtype, "value_cache")
     if kcn.ndim != 5 or vcn.ndim != 4:
@@ -180,7 +180,7 @@ def convert_fp8(dst, src, scale=1.0, kv_dtype="fp8"):
     kind = A.FP8_NAMES.get(kv_dtype)
     if kind is None:
         raise ValueError("kv_dtype must be 'fp8', 'fp8_e4m3' or 'fp8_e5m2', got %r" % (kv_dtype,))
-    dn, dv = _np(dst, "dst")
+    dn, dv = _np(dst, "dst", write=True)
     sn, sv = _np(src, "src")
     if dn.size != sn.size:
         raise ValueError("dst and src sizes differ (%d, %d)" % (dn.size, sn.size))
@@ -207,7 +207,7 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
     and the new K/V written into the copy; an fp8 context is dequantized in the copy, and the
     new K/V are used unquantized, as the kernel does). ``sm_scale`` defaults to ``1/sqrt(head_size)`` (the
     kernel's fixed scale); ``sliding_window`` W attends W keys."""
-    qv, ov = A.float_view(q, "q"), A.float_view(o, "o")
+    qv, ov = A.float_view(q, "q"), A.float_view(o, "o", write=True)
     kv, vv = A.float_view(k, "k"), A.float_view(v, "v")
     A.check_ndim(qv, "q", 3, "[num_tokens, num_heads, head_size]")
     A.check_ndim(kv, "k", 3, "[num_tokens, num_kv_heads, head_size]")

@@ -255,3 +255,90 @@ def test_batch_lengths_beyond_int32():
             C.Batch(16, 4, [dict(ok, **{key: val})])
     with pytest.raises(ValueError, match="int32"):
         C.Batch.columns(16, 4, 2, np.array([3, 2 ** 31]), 1, 0, np.array([table.ctypes.data] * 2, np.uintp), 1)
+
+
+def _ro(a):
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+def test_read_only_arrays_are_refused_and_nothing_is_written(rng):
+    """Every call that writes into an array refuses a read-only numpy array (numpy's writeable
+    flag, as numpy's own out= does) with a ValueError naming it, before writing anything: the
+    library writes through raw pointers, which would modify immutable memory or fault on a
+    read-only mapping. Where a call writes two arrays and only one is read-only, the other
+    stays untouched."""
+    H, Hkv, D, bs, nb = 4, 2, 32, 16, 6
+    f32 = np.float32
+    kc = randn(rng, (nb, bs, Hkv, D), f32)
+    vc = randn(rng, (nb, bs, Hkv, D), f32)
+    kc0, vc0 = kc.copy(), vc.copy()
+    q = randn(rng, (1, 1, H, D), f32)
+    bt = np.array([[2, 4]], np.int32)
+    k_new = randn(rng, (1, 1, Hkv, D), f32)
+
+    def refused(name, fn):
+        with pytest.raises(ValueError, match="%s is read-only" % name.replace("[", r"\[")):
+            fn()
+        assert np.array_equal(kc, kc0) and np.array_equal(vc, vc0)
+
+    refused("out", lambda: pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, block_table=bt,
+                                                      out=_ro(np.zeros_like(q))))
+    refused("k_cache", lambda: pa.flash_attn_with_kvcache(q, _ro(kc), vc, k_new, k_new,
+                                                          cache_seqlens=20, block_table=bt))
+    refused("v_cache", lambda: pa.flash_attn_with_kvcache(q, kc, _ro(vc), k_new, k_new,
+                                                          cache_seqlens=20, block_table=bt))
+    refused("out", lambda: pa.flash_attn_varlen_func(
+        q[0], kc, vc, 1, np.array([0, 1], np.int32), 20, seqused_k=np.array([20], np.int32),
+        block_table=bt, causal=True, out=_ro(np.zeros_like(q[0]))))
+    refused("out", lambda: pa.flash_attn_func(q, k_new, k_new, out=_ro(np.zeros_like(q))))
+    key = randn(rng, (3, Hkv, D), f32)
+    slots = np.array([1, 40, 77], np.int64)
+    refused("key_cache", lambda: pa.reshape_and_cache_flash(key, key, _ro(kc), vc, slots))
+    refused("value_cache", lambda: pa.reshape_and_cache_flash(key, key, kc, _ro(vc), slots))
+    pairs = np.array([[0, 1]], np.int64)
+    refused("key_caches[0]", lambda: pa.copy_blocks([_ro(kc)], [vc], pairs))
+    refused("value_caches[0]", lambda: pa.copy_blocks([kc], [_ro(vc)], pairs))
+    refused("dst", lambda: pa.swap_blocks(kc, _ro(vc), pairs))
+    o = randn(rng, (5, H, D), f32)
+    lse = randn(rng, (H, 5), f32)
+    refused("output", lambda: pa.merge_attn_states(_ro(o), o, lse, o, lse))
+    out = np.zeros_like(o)
+    refused("output_lse", lambda: pa.merge_attn_states(out, o, lse, o, lse, _ro(lse)))
+    assert np.all(out == 0)  # the output was not written either
+
+    backend = pa.get_attn_backend()
+    kv_cache = np.zeros(backend.get_kv_cache_shape(nb, bs, Hkv, D), f32)
+    impl = backend.get_impl_cls()(H, D, D ** -0.5, Hkv)
+    md = backend.make_metadata_builder(bs).build(seq_lens=[3], query_lens=[3], block_tables=[[1]])
+    x = randn(rng, (3, H * D), f32)
+    kvx = randn(rng, (3, Hkv * D), f32)
+    with pytest.raises(ValueError, match="kv_cache is read-only"):
+        impl.forward(x, kvx, kvx, _ro(kv_cache), md)
+    out = np.zeros_like(x)
+    with pytest.raises(ValueError, match="output is read-only"):
+        impl.forward(x, kvx, kvx, kv_cache, md, output=_ro(out))
+    assert np.all(kv_cache == 0)  # the new K/V were not written
+    with pytest.raises(ValueError, match="dst_kv_cache is read-only"):
+        backend.swap_blocks(kv_cache, _ro(kv_cache), pairs)
+
+    # vLLM's older paged layout
+    x8 = 8
+    kp = np.zeros((nb, Hkv, D // x8, bs, x8), np.float16)
+    vp = np.zeros((nb, Hkv, D, bs), np.float16)
+    key16 = randn(rng, (3, Hkv, D), np.float16)
+    with pytest.raises(ValueError, match="value_cache is read-only"):
+        pa.reshape_and_cache(key16, key16, kp, _ro(vp), slots)
+    assert np.all(kp == 0)  # keys not written before the values were refused
+    with pytest.raises(ValueError, match="dst is read-only"):
+        pa.convert_fp8(_ro(np.zeros(8, np.uint8)), np.ones(8, np.float32))
+    q16 = randn(rng, (1, H, D), np.float16)
+    with pytest.raises(ValueError, match="out is read-only"):
+        pa.paged_attention_v1(_ro(np.zeros_like(q16)), q16, kp, vp, Hkv, 0.1, bt,
+                              np.array([20], np.int32), bs, 20)
+    qc = randn(rng, (3, H, D), np.float16)
+    kn = randn(rng, (3, Hkv, D), np.float16)
+    with pytest.raises(ValueError, match="o is read-only"):
+        pa.context_attention_fwd(qc, kn, kn, _ro(np.zeros_like(qc)), "auto", kp, vp, bt,
+                                 np.array([0]), np.array([3]), np.array([0]), 3)
