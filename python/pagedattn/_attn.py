@@ -25,6 +25,9 @@ skipped or where a per-sequence parameter (ALiBi slopes of shape [batch, num_hea
 """
 
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from . import _arrays as A
@@ -228,9 +231,70 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     else:
         attn_type = L.PA_ATTN_ENCODER_DECODER
 
-    # ---- plan the groups ----
-    # Rows a sequence skips (no visible key) are written directly; the others run in groups of
-    # consecutive sequences whose rows are contiguous (one library call each).
+    # ---- the groups and their batches (cached by content: an engine calls every layer of a
+    # step with the same sequences, so later layers reuse the batches and their plans) ----
+    key = _groups_key(seqs, attn_type, per_seq_alibi, src, new_kv)
+    with _groups_lock:
+        planned = _groups_cache.get(key)
+        if planned is not None:
+            _groups_cache.move_to_end(key)
+    if planned is None:
+        planned = _plan_groups(seqs, attn_type, per_seq_alibi, src, new_kv)
+        with _groups_lock:
+            _groups_cache[key] = planned
+            while len(_groups_cache) > _GROUPS_CACHED:
+                _groups_cache.popitem(last=False)
+    groups, empties = planned
+    # every group's layer and context before anything is written (validation first)
+    prepared = []
+    for g0, r0, batch in groups:
+        layer = layer_for(attn_type, g0)
+        ctx = layer.context(backend)
+        prepared.append((r0, layer, ctx, batch, batch.plan(ctx, layer)))
+
+    if before_write is not None:
+        before_write()
+    for row, n in empties:
+        empty_rows(row, n)
+    for r0, layer, ctx, batch, plan in prepared:
+        kp = vp = None
+        krs = vrs = 0
+        cache = src.cache if src is not None else None
+        if new_kv is not None:
+            kp, vp = new_kv[0].ptr, new_kv[1].ptr
+            krs, vrs = A.check_rows(new_kv[0], "k"), A.check_rows(new_kv[1], "v")
+        if attn_type == L.PA_ATTN_ENCODER_ONLY:
+            kv, vv = same_rows_kv
+            krs, vrs = A.check_rows(kv, "k"), A.check_rows(vv, "v")
+            kp, vp = kv.offset(r0 * krs), vv.offset(r0 * vrs)
+            cache = None
+        lp, lts, lhs = 0, 0, 0
+        if lse is not None:
+            lp = lse[1] + 4 * r0 * lse[2]
+            lts, lhs = lse[2], lse[3]
+        C.forward(ctx, layer, batch, q.offset(r0 * q_rs), q_rs, kp, krs, vp, vrs, cache,
+                  out.offset(r0 * out_rs), out_rs, lp, lts, lhs, plan=plan)
+
+
+_groups_cache = OrderedDict()
+_groups_lock = threading.Lock()
+_GROUPS_CACHED = 8
+
+
+def _groups_key(seqs, attn_type, per_seq_alibi, src, new_kv):
+    """Everything _plan_groups depends on, by value."""
+    return (attn_type, per_seq_alibi, seqs.contiguous, seqs.packed,
+            None if src is None else (src.block_size, src.num_blocks),
+            seqs.q_start.tobytes(), seqs.q_len.tobytes(), seqs.k_len.tobytes(),
+            None if seqs.tab is None else seqs.tab.tobytes(),
+            None if seqs.tab_off is None else np.asarray(seqs.tab_off).tobytes(),
+            None if new_kv is None else np.asarray(new_kv[2], dtype=np.int64).tobytes())
+
+
+def _plan_groups(seqs, attn_type, per_seq_alibi, src, new_kv):
+    """Splits the sequences into groups of consecutive ones whose rows are contiguous and see a
+    key (one library call each) and makes their batches. Returns ([(first sequence, first row,
+    batch)], [(row, n) of rows that see no key])."""
     n_seqs = len(seqs)
     ql, kl = seqs.q_len, seqs.k_len
     if n_seqs and (int(kl.max()) >= 2**31 or int(ql.max()) >= 2**31):
@@ -266,14 +330,11 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     if new_kv is not None and len(heads) != 1:
         raise AssertionError("internal: writing forward with several groups")
 
-    # build every group's layer, batch and context before running any (validation first)
     bsz = src.block_size if src is not None else 1
     if src is not None and attn_type != L.PA_ATTN_ENCODER_ONLY:
         addr_all, tlen_all = seqs.table_addr(bsz)
-    prepared = []
+    groups = []
     for g0, g1 in zip(heads, ends):
-        layer = layer_for(attn_type, g0)
-        ctx = layer.context(backend)
         e = eff[g0:g1]
         n = g1 - g0
         # decodes (one query row, with a context) may only follow prefills: mark the tail
@@ -301,30 +362,8 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
             batch = C.Batch.columns(bsz if src is not None else 1,
                                     src.num_blocks if src is not None else 1, n, 0, e32, 1, 0, 0,
                                     slot_mapping=slots)
-        prepared.append((int(start[g0]), layer, ctx, batch))
-
-    if before_write is not None:
-        before_write()
-    for i in empties:
-        empty_rows(int(seqs.q_start[i]), int(skip[i]))
-    for r0, layer, ctx, batch in prepared:
-        kp = vp = None
-        krs = vrs = 0
-        cache = src.cache if src is not None else None
-        if new_kv is not None:
-            kp, vp = new_kv[0].ptr, new_kv[1].ptr
-            krs, vrs = A.check_rows(new_kv[0], "k"), A.check_rows(new_kv[1], "v")
-        if attn_type == L.PA_ATTN_ENCODER_ONLY:
-            kv, vv = same_rows_kv
-            krs, vrs = A.check_rows(kv, "k"), A.check_rows(vv, "v")
-            kp, vp = kv.offset(r0 * krs), vv.offset(r0 * vrs)
-            cache = None
-        lp, lts, lhs = 0, 0, 0
-        if lse is not None:
-            lp = lse[1] + 4 * r0 * lse[2]
-            lts, lhs = lse[2], lse[3]
-        C.forward(ctx, layer, batch, q.offset(r0 * q_rs), q_rs, kp, krs, vp, vrs, cache,
-                  out.offset(r0 * out_rs), out_rs, lp, lts, lhs)
+        groups.append((g0, int(start[g0]), batch))
+    return groups, [(int(seqs.q_start[i]), int(skip[i])) for i in empties]
 
 
 def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, alibi, sinks,

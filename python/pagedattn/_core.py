@@ -229,6 +229,7 @@ class Batch:
         L.check(lib.pa_batch_create(byref(cfg), raw.ctypes.data, n, byref(h)), "pa_batch_create")
         self.handle = h
         self._plans = {}
+        self._lock = threading.Lock()
 
     def metadata(self):
         return lib.pa_batch_get_metadata(self.handle).contents
@@ -239,12 +240,15 @@ class Batch:
         key = (ctx.name, id(ctx), c.num_heads, c.num_kv_heads, c.head_size, c.attn_type, id(layer))
         p = self._plans.get(key)
         if p is None:
-            h = L.pa_plan_p()
-            with ctx.lock:
-                L.check(lib.pa_plan_create(ctx.handle, layer.handle, self.handle, byref(h)),
-                        "pa_plan_create")
-            p = _Plan(h, layer)
-            self._plans[key] = p
+            with self._lock:  # batches are shared (between layers, and threads)
+                p = self._plans.get(key)
+                if p is None:
+                    h = L.pa_plan_p()
+                    with ctx.lock:
+                        L.check(lib.pa_plan_create(ctx.handle, layer.handle, self.handle,
+                                                   byref(h)), "pa_plan_create")
+                    p = _Plan(h, layer)
+                    self._plans[key] = p
         return p
 
     def __del__(self):

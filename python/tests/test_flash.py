@@ -571,3 +571,35 @@ def test_varlen_empty_batches(backend, causal, extra):
         assert np.all(out == 0)
         want = np.asarray(extra["s_aux"], np.float32) if "s_aux" in extra else np.full(H, -np.inf)
         assert np.array_equal(lse, np.repeat(want[:, None], total_q, axis=1))
+
+
+def test_with_kvcache_reused_metadata_and_buffers_changed_in_place(backend, rng):
+    """An engine calls every layer of a step with the same lengths and block table (often the
+    same preallocated arrays, rewritten in place between steps). Calls that repeat the
+    metadata reuse its batch; each must still read its own cache and query, and a table or a
+    length changed in place (same array objects) must be honoured, never a stale batch."""
+    H, Hkv, D, bs, nb = 8, 2, 64, 16, 24
+    dt = np.dtype(np.float32)
+    klens = np.array([5, 40, 33], np.int32)
+    bt = np.zeros((3, 4), np.int32)
+    perm = rng.permutation(nb).astype(np.int32)
+
+    def check(kc, vc, q, out):
+        for b in range(3):
+            tab = bt[b, :-(-int(klens[b]) // bs)]
+            K, V = O.gather(kc, tab, int(klens[b])), O.gather(vc, tab, int(klens[b]))
+            ro, _ = O.attention(q[b], K, V, [int(klens[b]) - 1], scale=D ** -0.5)
+            O.assert_close(out[b], ro, dt)
+
+    for step in range(4):
+        if step % 2:
+            klens += 1  # in place, the table unchanged
+        else:
+            bt[:] = perm[step:step + 12].reshape(3, 4)  # in place, the lengths unchanged
+        for layer in range(3):
+            kc = randn(rng, (nb, bs, Hkv, D), dt)
+            vc = randn(rng, (nb, bs, Hkv, D), dt)
+            q = randn(rng, (3, 1, H, D), dt)
+            out = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=klens, block_table=bt,
+                                             causal=True, backend=backend)
+            check(kc, vc, q, out)
