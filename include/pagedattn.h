@@ -37,8 +37,10 @@
  *
  * Ownership: the library never keeps or frees a pointer the caller passed, beyond the call,
  * except where a function says so. Handles (pa_layer, pa_batch, pa_context, pa_plan) are
- * created and destroyed in pairs; destroying NULL does nothing. Handles are not thread-safe:
- * use one from one thread at a time. Distinct handles may be used from distinct threads.
+ * created and destroyed in pairs; destroying NULL does nothing. Layers and batches never
+ * change after creation: one may be read by several threads at once (e.g. one batch used by the
+ * contexts of several threads). Contexts and plans are used by one thread at a time (a plan
+ * belongs to its context). Distinct handles may be used from distinct threads.
  */
 #ifndef PAGEDATTN_H
 #define PAGEDATTN_H

@@ -1,10 +1,12 @@
-/* test_threads.c: the header's promise "distinct handles may be used from distinct threads".
- * Four application threads, each with its own context (two pool workers each), layer, batch
- * and plan, run forward over one shared KV cache at the same time (three on the cpu backend,
- * one on the reference), while also asking for backend info and provoking an argument error
- * between steps. Every output must equal, bit for bit, the same step run alone beforehand, and
- * each thread must read back its own error reason (pa_last_error is per thread). Run it under
- * ThreadSanitizer to see races as well as wrong results. */
+/* test_threads.c: the header's promises "distinct handles may be used from distinct threads"
+ * and "layers and batches may be shared". Four application threads, each with its own context
+ * (two pool workers each), layer, batch and plan, run forward over one shared KV cache at the
+ * same time (three on the cpu backend, one on the reference), while also asking for backend
+ * info and provoking an argument error between steps; then again with one layer and one batch
+ * shared by all four (each still with its own context and plan). Every output must equal, bit
+ * for bit, the same step run alone beforehand, and each thread must read back its own error
+ * reason (pa_last_error is per thread). Run it under ThreadSanitizer to see races as well as
+ * wrong results. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 
@@ -33,6 +35,8 @@ static float next_val(void)
 typedef struct job {
     const char *backend;
     int index;
+    const pa_layer *layer; /* shared ones, or NULL: the thread makes its own */
+    const pa_batch *batch;
     const float *want; /* the step run alone */
     float *out;
     int mismatches, errors, reason_wrong;
@@ -55,10 +59,13 @@ typedef struct handles {
     pa_batch *batch;
     pa_context *ctx;
     pa_plan *plan;
+    const pa_layer *use_layer; /* the layer and batch the steps use (own or shared) */
+    const pa_batch *use_batch;
 } handles;
 
 /* Creates them; the number of failed calls. */
-static int open_handles(const char *backend, handles *hd, bool plan)
+static int open_handles(const char *backend, handles *hd, bool plan, const pa_layer *shared_layer,
+                        const pa_batch *shared_batch)
 {
     pa_seq seqs[NSEQ];
     for (int s = 0; s < NSEQ; s++) {
@@ -75,7 +82,10 @@ static int open_handles(const char *backend, handles *hd, bool plan)
     int errors = pa_layer_create(&cfg, &hd->layer) != PA_STATUS_OK;
     errors += pa_batch_create(&bc, seqs, NSEQ, &hd->batch) != PA_STATUS_OK;
     errors += pa_context_create(pa_backend_find(backend), &opt, &hd->ctx) != PA_STATUS_OK;
-    if (plan && !errors) errors += pa_plan_create(hd->ctx, hd->layer, hd->batch, &hd->plan) != PA_STATUS_OK;
+    hd->use_layer = shared_layer ? shared_layer : hd->layer;
+    hd->use_batch = shared_batch ? shared_batch : hd->batch;
+    if (plan && !errors)
+        errors += pa_plan_create(hd->ctx, hd->use_layer, hd->use_batch, &hd->plan) != PA_STATUS_OK;
     return errors;
 }
 
@@ -92,9 +102,9 @@ static void *worker(void *arg)
     job *j = arg;
     handles hd;
     pthread_barrier_wait(&start);
-    j->errors += open_handles(j->backend, &hd, true);
+    j->errors += open_handles(j->backend, &hd, true, j->layer, j->batch);
     for (int step = 0; step < STEPS && !j->errors; step++) {
-        j->errors += one_step(hd.ctx, hd.layer, hd.batch, hd.plan, j->out);
+        j->errors += one_step(hd.ctx, hd.use_layer, hd.use_batch, hd.plan, j->out);
         j->mismatches += memcmp(j->out, j->want, (size_t)ntok * H * D * sizeof(float)) != 0;
         /* between steps: info of every backend, and an error of this thread's own */
         for (int b = 0; b < pa_backend_count(); b++)
@@ -114,7 +124,7 @@ static void *worker(void *arg)
 static void alone(const char *backend, float *out)
 {
     handles hd;
-    CHECK_INT(open_handles(backend, &hd, false), 0);
+    CHECK_INT(open_handles(backend, &hd, false, NULL, NULL), 0);
     CHECK_INT(one_step(hd.ctx, hd.layer, hd.batch, NULL, out), 0);
     close_handles(&hd);
 }
@@ -155,25 +165,33 @@ int main(void)
     }
     CHECK(worst < 1e-4);
 
-    job jobs[NTHR];
-    pthread_t th[NTHR];
-    CHECK_INT(pthread_barrier_init(&start, NULL, NTHR + 1), 0);
-    for (int t = 0; t < NTHR; t++) {
-        jobs[t] = (job){.backend = t == NTHR - 1 ? "reference" : "cpu", .index = t,
-                        .want = t == NTHR - 1 ? want_ref : want_cpu, .out = malloc(n * sizeof(float))};
-        CHECK_INT(pthread_create(&th[t], NULL, worker, &jobs[t]), 0);
+    /* round 0: every thread its own layer and batch; round 1: one of each, shared by all */
+    handles shared;
+    CHECK_INT(open_handles("cpu", &shared, false, NULL, NULL), 0);
+    for (int round = 0; round < 2; round++) {
+        job jobs[NTHR];
+        pthread_t th[NTHR];
+        CHECK_INT(pthread_barrier_init(&start, NULL, NTHR + 1), 0);
+        for (int t = 0; t < NTHR; t++) {
+            jobs[t] = (job){.backend = t == NTHR - 1 ? "reference" : "cpu", .index = t,
+                            .layer = round ? shared.layer : NULL, .batch = round ? shared.batch : NULL,
+                            .want = t == NTHR - 1 ? want_ref : want_cpu, .out = malloc(n * sizeof(float))};
+            CHECK_INT(pthread_create(&th[t], NULL, worker, &jobs[t]), 0);
+        }
+        pthread_barrier_wait(&start);
+        for (int t = 0; t < NTHR; t++) {
+            CHECK_INT(pthread_join(th[t], NULL), 0);
+            printf("%s, thread %d (%s): %d steps, %d mismatches, %d errors, %d wrong reasons\n",
+                   round ? "shared layer and batch" : "own handles", t, jobs[t].backend, STEPS,
+                   jobs[t].mismatches, jobs[t].errors, jobs[t].reason_wrong);
+            CHECK_INT(jobs[t].mismatches, 0);
+            CHECK_INT(jobs[t].errors, 0);
+            CHECK_INT(jobs[t].reason_wrong, 0);
+            free(jobs[t].out);
+        }
+        pthread_barrier_destroy(&start);
     }
-    pthread_barrier_wait(&start);
-    for (int t = 0; t < NTHR; t++) {
-        CHECK_INT(pthread_join(th[t], NULL), 0);
-        printf("thread %d (%s): %d steps, %d mismatches, %d errors, %d wrong reasons\n", t,
-               jobs[t].backend, STEPS, jobs[t].mismatches, jobs[t].errors, jobs[t].reason_wrong);
-        CHECK_INT(jobs[t].mismatches, 0);
-        CHECK_INT(jobs[t].errors, 0);
-        CHECK_INT(jobs[t].reason_wrong, 0);
-        free(jobs[t].out);
-    }
-    pthread_barrier_destroy(&start);
+    close_handles(&shared);
     free(want_cpu), free(want_ref), free(q);
     pa_cache_free(&cache);
     return test_exit();
