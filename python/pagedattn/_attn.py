@@ -386,6 +386,13 @@ def _run_padded(q, out, lse, src, seqs, layer_for, empty_rows, backend, ks, vs, 
         kvd0 = L.PA_DTYPE_F32
     for i in range(len(seqs)):
         ql, kl = int(seqs.q_len[i]), int(seqs.k_len[i])
+        if ql and kl and not src.packed:
+            # the keys are gathered here, by numpy (where -1 would silently mean the last block)
+            t = seqs.table(i, src.block_size)
+            bad = np.flatnonzero((t < 0) | (t >= src.num_blocks))
+            if bad.size:
+                raise ValueError("block_table[%d][%d] = %d is outside the cache's blocks [0, %d)"
+                                 % (i, bad[0], t[bad[0]], src.num_blocks))
         if ql > kl and kl > 0 and alibi is not None and sinks is not None:
             raise NotImplementedError(
                 "non-causal attention with ALiBi and sinks where seqlen_q (%d) > seqlen_k (%d) is "

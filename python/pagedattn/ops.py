@@ -44,6 +44,8 @@ def _softcap(softcap):
 
 def _scale(softmax_scale, head_size):
     if softmax_scale is None:
+        if head_size < 1:
+            raise ValueError("head_size must be >= 1, got %d" % head_size)
         return 1.0 / math.sqrt(head_size)
     s = float(softmax_scale)
     if not (s > 0 and math.isfinite(s)):
@@ -84,7 +86,7 @@ def _new_out(out, q, shape, name="out"):
 def _check_heads(H, Hkv, D, Dk):
     if Dk != D:
         raise ValueError("head_size of q (%d) and of k/v (%d) differ" % (D, Dk))
-    if Hkv < 1 or H % Hkv:
+    if H < 1 or Hkv < 1 or H % Hkv:
         raise ValueError("num_heads (%d) must be a multiple of num_kv_heads (%d)" % (H, Hkv))
 
 
@@ -371,6 +373,8 @@ def _rows_view(x, name, shape4, v=None, copy=True):
     A.check_ndim(v, name, 4, "[batch, seqlen, heads, head_size]")
     b, s, h, d = v.shape
     st = v.strides
+    if b * s * h * d == 0:  # no element: strides mean nothing (numpy may give zeros)
+        st = (s * h * d, h * d, d, 1)
     uniform = (b == 1 or s == 1 or st[0] == s * st[1])
     inner = (d == 1 or st[3] == 1) and (h == 1 or st[2] == d)
     if not (uniform and inner):
@@ -523,8 +527,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
                              % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
         st = ov4.strides
-        if not ((B == 1 or Sq == 1 or st[0] == Sq * st[1]) and (D == 1 or st[3] == 1)
-                and (H == 1 or st[2] == D)):
+        if B * Sq * H * D and not ((B == 1 or Sq == 1 or st[0] == Sq * st[1]) and
+                                   (D == 1 or st[3] == 1) and (H == 1 or st[2] == D)):
             raise ValueError("out must have uniformly strided rows with contiguous heads; got "
                              "strides %s" % (st,))
     ov = _rows_view(out_obj, "out", None, ov4, copy=False)

@@ -342,3 +342,36 @@ def test_read_only_arrays_are_refused_and_nothing_is_written(rng):
     with pytest.raises(ValueError, match="o is read-only"):
         pa.context_attention_fwd(qc, kn, kn, _ro(np.zeros_like(qc)), "auto", kp, vp, bt,
                                  np.array([0]), np.array([3]), np.array([0]), 3)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 0, 16), (1, 0, 0, 1), (1, 1, 4, 0), (2, 3, 4, 0)])
+def test_degenerate_query_shapes_are_value_errors(shape):
+    """Zero heads or a zero head_size (numpy gives such arrays zero strides) are a ValueError,
+    not an internal error or a ZeroDivisionError (found by random calls)."""
+    kc = np.zeros((2, 16, 2, shape[3]), np.float32)
+    q = np.zeros(shape, np.float32)
+    with pytest.raises(ValueError):
+        pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, block_table=np.array([[0]] * shape[0], np.int32))
+    with pytest.raises(ValueError):
+        pa.flash_attn_varlen_func(q.reshape(-1, shape[2], shape[3]), kc, kc, 1,
+                                  np.array([0, shape[0] * shape[1]], np.int32), 3,
+                                  seqused_k=np.array([3], np.int32), block_table=np.array([[0]], np.int32))
+
+
+@pytest.mark.parametrize("bad_id", [-1, 3, 99])
+@pytest.mark.parametrize("mode", ["causal", "window", "alibi", "cross"])
+def test_block_ids_outside_the_cache_are_refused_on_every_path(rng, bad_id, mode):
+    """Non-causal calls with a window or ALiBi gather a paged cache's keys in numpy, where -1
+    silently meant the last block (a wrong answer, found by random calls): every path now
+    refuses block ids outside [0, num_blocks) with a ValueError."""
+    kc = randn(rng, (3, 4, 2, 16), np.float32)
+    q = randn(rng, (2, 4, 16), np.float32)
+    kw = {"causal": mode == "causal"}
+    if mode == "window":
+        kw["window_size"] = (2, 2)
+    if mode == "alibi":
+        kw["alibi_slopes"] = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="block"):
+        pa.flash_attn_varlen_func(q, kc, kc, 2, np.array([0, 2], np.int32), 7,
+                                  seqused_k=np.array([7], np.int32),
+                                  block_table=np.array([[0, bad_id]], np.int32), **kw)

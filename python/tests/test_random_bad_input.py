@@ -1,0 +1,161 @@
+"""Random, mostly malformed calls: every call either works or raises one of the documented
+exceptions (ValueError, TypeError, NotImplementedError, MemoryError), and a call that raises
+leaves the caches it was given unchanged. Shapes, dtypes, strides (transposed, reversed,
+every-other, read-only broadcast views), lengths, tables, slots and options are drawn with
+small perturbations (off by one, zero, negative, beyond int32) so that both accepted and
+rejected calls occur. (The first run found a ZeroDivisionError for head_size 0 and an internal
+AssertionError for zero-size outputs, both fixed.)"""
+
+import numpy as np
+import pytest
+
+import pagedattn as pa
+from util import DTYPES
+
+ALLOWED = (ValueError, TypeError, NotImplementedError, MemoryError)
+FLOATS = [np.dtype(np.float32), np.dtype(np.float16), DTYPES["bfloat16"]]
+OTHERS = [np.dtype(np.uint8), np.dtype(np.float64), np.dtype(np.int32)]
+
+
+class Draw:
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+
+    def pick(self, *vals):
+        return vals[self.rng.integers(len(vals))]
+
+    def jig(self, x, p=0.1):
+        """x, or (with probability p) a nearby or extreme value."""
+        if self.rng.random() >= p:
+            return x
+        return int(self.pick(x - 1, x + 1, 0, -1, 2 ** 31, -2 ** 31, 2 ** 40))
+
+    def array(self, shape, dtype=None):
+        """An array of at most 64 per dim; sometimes strided, reversed or read-only."""
+        rng = self.rng
+        if dtype is None:
+            dtype = self.pick(*FLOATS) if rng.random() < 0.9 else self.pick(*OTHERS)
+        shape = tuple(min(max(0, int(s)), 64) for s in shape)
+        if dtype.kind == "f" or dtype == DTYPES["bfloat16"]:
+            a = (rng.standard_normal(shape) * 3).astype(dtype)
+        else:
+            a = rng.integers(-5, 300, shape).astype(dtype)
+        r = rng.random()
+        if r < 0.04 and a.ndim >= 2:
+            a = np.swapaxes(a, 0, 1)
+        elif r < 0.07 and a.ndim >= 1 and a.shape[0] > 1:
+            a = a[::2]
+        elif r < 0.09 and a.ndim >= 1:
+            a = a[::-1]
+        elif r < 0.11 and a.ndim >= 2 and a.shape[-1] > 1:
+            a = a[..., ::2]
+        elif r < 0.13:
+            a = np.broadcast_to(a, a.shape)  # read-only
+        return a
+
+    def ints(self, n, hi, dtype=np.int32):
+        a = self.rng.integers(0, max(int(hi), 1), max(min(int(n), 64), 0)).astype(dtype)
+        if self.rng.random() < 0.1 and a.size:
+            a[self.rng.integers(a.size)] = self.pick(-1, hi, 2 ** 31 - 1)
+        return a
+
+
+def one_call(d):
+    """Draws and makes one call. d.kept: the (array, copy) pairs the call must leave unchanged
+    if it raises."""
+    rng = d.rng
+    H, Hk, D = d.jig(d.pick(4, 8)), d.jig(d.pick(1, 2, 4)), d.jig(d.pick(16, 32))
+    bs, nb, B, Sq = d.jig(d.pick(1, 4, 16)), d.jig(d.pick(1, 3, 8)), d.jig(d.pick(1, 2, 3)), d.jig(d.pick(1, 2, 5))
+    dt = d.pick(*FLOATS)
+    kc = d.array((nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
+    vc = kc if rng.random() < 0.1 else d.array((nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
+    kept = d.kept = [(kc, kc.copy()), (vc, vc.copy())]
+    bt = d.ints(B, nb).reshape(-1, 1) if rng.random() < 0.1 else \
+        d.ints(max(B, 0) * 4, max(nb, 1)).reshape(-1, 4) if B > 0 else np.zeros((0, 4), np.int32)
+    kw = {}
+    if rng.random() < 0.2:
+        kw["window_size"] = (d.jig(3, 0.3), d.jig(-1, 0.3))
+    if rng.random() < 0.1:
+        kw["alibi_slopes"] = d.array((d.jig(H),), np.dtype(np.float32))
+    if rng.random() < 0.1:
+        kw["s_aux"] = d.array((d.jig(H),), np.dtype(np.float32))
+    if rng.random() < 0.1:
+        kw["softcap"] = d.pick(0.0, -1.0, 5.0, float("nan"))
+    if rng.random() < 0.05:
+        kw["kv_cache_dtype"] = d.pick("fp8", "fp8_e5m2", "bogus")
+    if rng.random() < 0.2:
+        kw["return_softmax_lse"] = True
+    if rng.random() < 0.05:
+        kw["softmax_scale"] = d.pick(0.0, -1.0, float("inf"), 0.1)
+    causal = bool(rng.integers(2))
+    which = rng.integers(6)
+    if which == 0:
+        q = d.array((B, Sq, H, D), dt if rng.random() < 0.9 else None)
+        cap = max(min(nb, 64), 1) * max(min(bs, 64), 1)
+        sl = d.ints(d.jig(B), cap - max(Sq, 0) + 1) if rng.random() < 0.8 else d.jig(3)
+        new = d.array((B, d.jig(Sq), Hk, D), dt) if rng.random() < 0.3 else None
+        if rng.random() < 0.2:
+            kw["out"] = d.array((B, Sq, H, D), dt)
+            kept.append((kw["out"], kw["out"].copy()))
+        pa.flash_attn_with_kvcache(q, kc, vc, new, new if rng.random() < 0.95 else None,
+                                   cache_seqlens=sl, block_table=bt if rng.random() < 0.9 else None,
+                                   causal=causal, **kw)
+    elif which in (1, 2):
+        ql = d.ints(max(min(B, 8), 0), 6, np.int64)
+        cu = np.concatenate([[0], np.cumsum(ql)]).astype(d.pick(np.int32, np.int64))
+        if rng.random() < 0.05:
+            cu = cu[::-1].copy()
+        q = d.array((int(cu.max()) + d.jig(0), H, D), dt)
+        if which == 1:
+            seqused = d.ints(d.jig(ql.size), max(min(nb, 64), 1) * max(min(bs, 64), 1) + 1)
+            pa.flash_attn_varlen_func(q, kc, vc, 8, cu, 64, seqused_k=seqused, block_table=bt,
+                                      causal=causal, **kw)
+        else:
+            kl = d.ints(ql.size, 9, np.int64)
+            cuk = np.concatenate([[0], np.cumsum(kl)]).astype(np.int32)
+            k = d.array((int(cuk[-1]) + d.jig(0), Hk, D), dt)
+            v = k if rng.random() < 0.5 else d.array(k.shape, dt)
+            pa.flash_attn_varlen_func(q, k, v, 8, cu, 8, cuk, causal=causal, **kw)
+    elif which == 3:
+        key = d.array((d.jig(5), Hk, D), dt)
+        slots = d.ints(d.jig(5), max(min(nb, 64), 1) * max(min(bs, 64), 1), d.pick(np.int64, np.int32))
+        pa.reshape_and_cache_flash(key, key, kc, vc, slots,
+                                   kv_cache_dtype=kw.get("kv_cache_dtype", "auto"))
+    elif which == 4:
+        pairs = d.ints(2 * max(d.jig(2), 0), max(nb, 1), np.int64).reshape(-1, 2)
+        if rng.random() < 0.5:
+            pa.copy_blocks([kc], [vc], pairs)
+        else:
+            pa.swap_blocks(kc, vc, pairs)
+    else:
+        T = d.jig(4)
+        parts = d.array((T, H, D), dt)
+        lse = d.array((H, T), np.dtype(np.float32))
+        out = d.array((T, H, D), dt)
+        kept.append((out, out.copy()))
+        pa.merge_attn_states(out, parts, lse, d.array((T, H, D), dt),
+                             d.array((d.jig(H), T), np.dtype(np.float32)),
+                             d.array((H, T), np.dtype(np.float32)) if rng.random() < 0.3 else None)
+
+
+def _same(a, b):
+    if a.dtype.kind == "f":
+        return np.array_equal(a, b, equal_nan=True)
+    return a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_malformed_calls(seed):
+    d = Draw(1000 + seed)
+    outcomes = {}
+    for _ in range(400):
+        d.kept = []
+        try:
+            one_call(d)
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+        except ALLOWED as e:
+            name = type(e).__name__
+            outcomes[name] = outcomes.get(name, 0) + 1
+            for a, copy in d.kept:  # a failing call changes none of its arrays
+                assert _same(a, copy), (name, str(e))
+    assert outcomes.get("ok", 0) >= 20, outcomes  # the draws do reach the library's work
