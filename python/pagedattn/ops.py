@@ -546,7 +546,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         lse = (lse_tmp, lse_tmp.ctypes.data, H, 1, fill, put)
     # the forward call writes the new K/V itself when it can (one validation, then writes);
     # otherwise the cache write goes first, after everything else was validated
-    direct = (new_kv is not None and causal and Snew == Sq and bool(np.all(klens >= Sq)) and
+    direct = (new_kv is not None and causal and Snew == Sq and B * Sq > 0 and bool(np.all(klens >= Sq)) and
               (alibi is None or alibi.ndim == 1) and
               new_kv[0].kind in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16))
     write = None

@@ -603,3 +603,17 @@ def test_with_kvcache_reused_metadata_and_buffers_changed_in_place(backend, rng)
             out = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=klens, block_table=bt,
                                              causal=True, backend=backend)
             check(kc, vc, q, out)
+
+
+@pytest.mark.parametrize("shape", [(0, 2), (2, 0), (0, 0)])
+def test_with_kvcache_empty_batch_with_new_kv(backend, shape):
+    """No sequences or no new tokens, with (empty) new keys and values to append: an empty
+    output and an unchanged cache (it failed an internal assertion: found by random calls)."""
+    B, S = shape
+    kc = np.zeros((4, 16, 2, 32), np.float32)
+    q = np.ones((B, S, 4, 32), np.float32)
+    k = np.ones((B, S, 2, 32), np.float32)
+    out = pa.flash_attn_with_kvcache(q, kc, kc, k, k, cache_seqlens=np.zeros(B, np.int32),
+                                     block_table=np.zeros((B, 1), np.int32), causal=True,
+                                     backend=backend)
+    assert out.shape == q.shape and not kc.any()

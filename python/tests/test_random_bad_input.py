@@ -54,7 +54,10 @@ class Draw:
         return a
 
     def ints(self, n, hi, dtype=np.int32):
-        a = self.rng.integers(0, max(int(hi), 1), max(min(int(n), 64), 0)).astype(dtype)
+        """n values in [0, hi) (n, hi as drawn: clamped to sane sizes), one sometimes -1, hi
+        or the int32 maximum."""
+        hi = min(max(int(hi), 1), 2 ** 31 - 1)
+        a = self.rng.integers(0, hi, max(min(int(n), 64), 0)).astype(dtype)
         if self.rng.random() < 0.1 and a.size:
             a[self.rng.integers(a.size)] = self.pick(-1, hi, 2 ** 31 - 1)
         return a
