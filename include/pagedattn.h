@@ -289,6 +289,11 @@ PA_API pa_status pa_cache_init(pa_cache *cache, pa_cache_layout layout, pa_dtype
                                int32_t head_size);
 /* Elements one pool spans: the largest addressed element + 1. */
 PA_API int64_t pa_cache_pool_elems(const pa_cache *cache);
+/* Checks a cache view as every call that takes one does, touching no memory: pools not NULL, a
+ * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span fits (OVERFLOW otherwise), and
+ * distinct (block, token, head, dim) at distinct elements (INVALID_ARGUMENT otherwise). A
+ * dimension of extent 1 may have any stride >= 0. */
+PA_API pa_status pa_cache_validate(const pa_cache *cache);
 /* Allocates both pools in host memory for the geometry in *cache, filled with zero bytes: 64-byte
  * aligned, and pools of 4 MiB or more 2 MiB aligned and advised for transparent huge pages. Free
  * with pa_cache_free. */

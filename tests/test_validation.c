@@ -333,6 +333,18 @@ static void test_cache_init(void)
     c.block_stride = 4;
     c.head_size = 3; /* token stride 2 < head_size */
     CHECK_FAILS_WITH(pa_cache_read_token(&c, 0, 1, 1, ko, vo), PA_STATUS_INVALID_ARGUMENT, "overlap");
+
+    /* pa_cache_validate: the same checks, alone */
+    CHECK_FAILS_WITH(pa_cache_validate(NULL), PA_STATUS_NULL_POINTER, "pa_cache_validate: cache is NULL");
+    CHECK_FAILS_WITH(pa_cache_validate(&c), PA_STATUS_INVALID_ARGUMENT, "pa_cache_validate: cache strides");
+    c.head_size = 2;
+    CHECK_OK(pa_cache_validate(&c));
+    c.block_stride = -4;
+    CHECK_FAILS_WITH(pa_cache_validate(&c), PA_STATUS_OVERFLOW, "negative or overflow");
+    c.block_stride = 4, c.key = NULL;
+    CHECK_FAILS_WITH(pa_cache_validate(&c), PA_STATUS_NULL_POINTER, "pool pointer is NULL");
+    c.key = K, c.num_blocks = 1, c.block_stride = 0; /* extent 1: any stride >= 0 */
+    CHECK_OK(pa_cache_validate(&c));
 }
 
 /* ---- pa_batch_create -------------------------------------------------------------------------- */

@@ -163,15 +163,42 @@ def check_ndim(v, name, ndim, what):
 
 
 def check_rows(v, name):
-    """Rows of a [rows, heads, dim] tensor: heads and dims contiguous, rows at a uniform stride.
-    Returns the row stride in elements."""
+    """Rows of a [rows, heads, dim] tensor: heads and dims contiguous, rows at a uniform stride
+    of at least a row (the library reads a row stride of 0 as "contiguous", and rows that are
+    broadcast, reversed or overlapping cannot be described). Returns the row stride in
+    elements (a row's size when there is at most one row: its stride is never used)."""
     rows, h, d = v.shape
     if rows == 0 or h == 0 or d == 0:  # no element: any strides will do
         return h * d
     if d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d):
         raise ValueError("%s: the head and head_size dims must be contiguous (strides %s for "
                          "shape %s); pass a contiguous array" % (name, v.strides, v.shape))
+    if rows == 1:
+        return h * d
+    if v.strides[0] < h * d:
+        raise ValueError("%s: rows must follow each other without overlapping (row stride %d "
+                         "elements for rows of %d: broadcast, reversed or overlapping rows); "
+                         "pass a contiguous array" % (name, v.strides[0], h * d))
     return v.strides[0]
+
+
+def rows_ok(v):
+    """Whether check_rows accepts View v [rows, heads, dim]."""
+    rows, h, d = v.shape
+    if rows == 0 or h == 0 or d == 0:
+        return True
+    return (not (d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d)) and
+            (rows == 1 or v.strides[0] >= h * d))
+
+
+def input_rows(v, name):
+    """An input View [rows, heads, dim] the library can read: v itself, or a contiguous copy
+    when its rows are broadcast, reversed, overlapping or not contiguous inside (as
+    FlashAttention's own wrappers make inputs contiguous)."""
+    if rows_ok(v):
+        return v
+    x = v.obj.contiguous() if v.torch else np.ascontiguousarray(v.obj)
+    return view(x, name)
 
 
 def to_np(x, dtype, name, ndim=None):

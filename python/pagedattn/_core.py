@@ -333,6 +333,9 @@ def paged_cache(kv, vv, dtype, kname="key_cache", vname="value_cache"):
     c.block_stride = ks[0] if nb > 1 else bs * h * d
     c.token_stride = ks[1] if bs > 1 else h * d
     c.head_stride = ks[2] if h > 1 else d
+    # every check the library makes of a view (strides that run backwards or overlap), now:
+    # before the caller writes anything (rows that see no key, a cache write of its own)
+    L.check(lib.pa_cache_validate(byref(c)), "%s/%s" % (kname, vname))
     return c
 
 

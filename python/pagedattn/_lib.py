@@ -250,6 +250,7 @@ _PROTOTYPES = {
     "pa_cache_init": (pa_status, [POINTER(pa_cache), pa_cache_layout, pa_dtype, c_int64, c_int32,
                                   c_int32, c_int32]),
     "pa_cache_pool_elems": (c_int64, [POINTER(pa_cache)]),
+    "pa_cache_validate": (pa_status, [POINTER(pa_cache)]),
     "pa_cache_read_token": (pa_status, [POINTER(pa_cache), c_int64, c_float, c_float,
                                         POINTER(c_float), POINTER(c_float)]),
     "pa_batch_create": (pa_status, [POINTER(pa_batch_config), c_void_p, c_int32,

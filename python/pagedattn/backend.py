@@ -399,6 +399,9 @@ class PagedAttnImpl:
         self.head_size = int(head_size)
         self.scale = float(scale)
         self.num_kv_heads = int(num_kv_heads) if num_kv_heads else self.num_heads
+        if self.num_heads < 1 or self.num_kv_heads < 1 or self.head_size < 1:
+            raise ValueError("num_heads (%d), num_kv_heads (%d) and head_size (%d) must be >= 1"
+                             % (self.num_heads, self.num_kv_heads, self.head_size))
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads (%d) must be a multiple of num_kv_heads (%d)"
                              % (self.num_heads, self.num_kv_heads))
@@ -489,7 +492,8 @@ class PagedAttnImpl:
             out_obj = A.empty_like_rows(qv, (T, H * D), qv.kind)
         else:
             out_obj = output
-        ov = _heads_view(out_obj, A.float_view(out_obj, "output", write=True), H, D, "output")
+        ov = _heads_view(out_obj, A.float_view(out_obj, "output", write=True), H, D, "output",
+                         output=True)
         if ov.kind != qv.kind:
             raise ValueError("output dtype %s differs from query dtype %s"
                              % (ov.dtype_name(), qv.dtype_name()))
@@ -567,15 +571,22 @@ class PagedAttnImpl:
         return out_obj
 
 
-def _heads_view(x, v, heads, D, name):
-    """[T, heads*D] or [T, heads, D] -> [T, heads, D] View with contiguous heads."""
+def _heads_view(x, v, heads, D, name, output=False):
+    """[T, heads*D] or [T, heads, D] -> [T, heads, D] View with contiguous heads and rows that
+    follow each other. An input whose rows do not (broadcast, reversed, overlapping, strided
+    inside) is copied to a contiguous array; an output is a ValueError."""
     if v.ndim == 2:
         if v.shape[1] != heads * D:
             raise ValueError("%s must be [num_tokens, %d * %d], got shape %s"
                              % (name, heads, D, v.shape))
-        if heads * D > 1 and v.strides[1] != 1:
-            raise ValueError("%s: the feature dim must be contiguous (strides %s)"
-                             % (name, v.strides))
+        ok = v.size() == 0 or ((heads * D <= 1 or v.strides[1] == 1) and
+                               (v.shape[0] <= 1 or v.strides[0] >= heads * D))
+        if not ok:
+            if output:
+                raise ValueError("%s: the feature dim must be contiguous and rows must not "
+                                 "overlap (strides %s)" % (name, v.strides))
+            x = x.contiguous() if v.torch else np.ascontiguousarray(x)
+            v = A.view(x, name)
         rs = v.strides[0] if v.shape[0] > 1 else heads * D
         return A.View(v.obj, v.ptr, (v.shape[0], heads, D), (rs, D, 1), v.kind, v.itemsize,
                       v.torch)
@@ -583,9 +594,10 @@ def _heads_view(x, v, heads, D, name):
         if v.shape[1:] != (heads, D):
             raise ValueError("%s must be [num_tokens, %d, %d], got shape %s"
                              % (name, heads, D, v.shape))
+        if not output:
+            v = A.input_rows(v, name)
         rs = A.check_rows(v, name)
-        return A.View(v.obj, v.ptr, v.shape, (rs if v.shape[0] > 1 else heads * D, D, 1), v.kind,
-                      v.itemsize, v.torch)
+        return A.View(v.obj, v.ptr, v.shape, (rs, D, 1), v.kind, v.itemsize, v.torch)
     raise ValueError("%s must be 2-D [num_tokens, heads * head_size], got shape %s"
                      % (name, v.shape))
 

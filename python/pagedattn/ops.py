@@ -196,6 +196,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         return_softmax_lse = True
     qv = A.float_view(q, "q")
     A.check_ndim(qv, "q", 3, "[total_q, num_heads, head_size]")
+    qv = A.input_rows(qv, "q")
     total_q, H, D = qv.shape
     cu_q = A.to_np(cu_seqlens_q, np.int64, "cu_seqlens_q", 1)
     if cu_q.size < 2:
@@ -246,6 +247,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         if kv_.ndim != 3 or vv_.ndim != 3:
             raise ValueError("without block_table, k and v must be packed [total_k, num_kv_heads, "
                              "head_size]; got shapes %s, %s" % (kv_.shape, vv_.shape))
+        kv_, vv_ = A.input_rows(kv_, "k"), A.input_rows(vv_, "v")
         cdt = C.cache_dtype_of(kv_, kv_cache_dtype, "k")
         C.cache_dtype_of(vv_, kv_cache_dtype, "v")
         _check_heads(H, kv_.shape[1], D, kv_.shape[2])
@@ -366,8 +368,9 @@ def _flat(v3):
 
 
 def _rows_view(x, name, shape4, v=None, copy=True):
-    """[B, S, H, D] -> a [B*S, H, D] View (copying only when rows are not uniformly strided;
-    with copy=False that is an internal error). v: x's View when the caller has it already."""
+    """[B, S, H, D] -> a [B*S, H, D] View, copying (inputs) when the rows are not uniformly
+    strided, overlap, run backwards or are broadcast; with copy=False (outputs) that is a
+    ValueError. v: x's View when the caller has it already."""
     if v is None:
         v = A.float_view(x, name)
     A.check_ndim(v, name, 4, "[batch, seqlen, heads, head_size]")
@@ -377,16 +380,19 @@ def _rows_view(x, name, shape4, v=None, copy=True):
         st = (s * h * d, h * d, d, 1)
     uniform = (b == 1 or s == 1 or st[0] == s * st[1])
     inner = (d == 1 or st[3] == 1) and (h == 1 or st[2] == d)
-    if not (uniform and inner):
+    row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
+    if not (uniform and inner and (b * s <= 1 or row >= h * d)):
         if not copy:
-            raise AssertionError("internal: %s would be copied" % name)
+            raise ValueError("%s must have uniformly strided, non-overlapping rows with "
+                             "contiguous heads; got strides %s for shape %s"
+                             % (name, tuple(v.strides), v.shape))
         if v.torch:
             x = x.contiguous()
         else:
             x = np.ascontiguousarray(x)
         v = A.view(x, name)
         st = v.strides
-    row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
+        row = st[1] if s > 1 else (st[0] if b > 1 else h * d)
     # reshape makes a view (never a copy) of uniformly strided rows, in numpy and torch alike
     rows = v.obj.reshape(b * s, h, d)
     return A.View(rows, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
@@ -526,11 +532,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if ov4.shape != (B, Sq, H, D) or ov4.kind != qv.kind:
             raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
                              % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
-        st = ov4.strides
-        if B * Sq * H * D and not ((B == 1 or Sq == 1 or st[0] == Sq * st[1]) and
-                                   (D == 1 or st[3] == 1) and (H == 1 or st[2] == D)):
-            raise ValueError("out must have uniformly strided rows with contiguous heads; got "
-                             "strides %s" % (st,))
     ov = _rows_view(out_obj, "out", None, ov4, copy=False)
     lse = None
     lse_tmp = None
@@ -674,6 +675,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     vn = A.float_view(value, "value")
     A.check_ndim(kn, "key", 3, "[num_tokens, num_kv_heads, head_size]")
     A.check_ndim(vn, "value", 3, "[num_tokens, num_kv_heads, head_size]")
+    kn, vn = A.input_rows(kn, "key"), A.input_rows(vn, "value")
     if kn.shape != vn.shape or kn.kind != vn.kind:
         raise ValueError("key %s %s and value %s %s must have the same shape and dtype"
                          % (kn.shape, kn.dtype_name(), vn.shape, vn.dtype_name()))

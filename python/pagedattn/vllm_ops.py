@@ -59,6 +59,7 @@ def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, 
     ov = A.float_view(out, "out", write=True)
     qv = A.float_view(query, "query")
     A.check_ndim(qv, "query", 3, "[num_seqs, num_heads, head_size]")
+    qv = A.input_rows(qv, "query")
     if ov.shape != qv.shape or ov.kind != qv.kind:
         raise ValueError("out must be %s %s like query" % (qv.shape, qv.dtype_name()))
     S, H, D = qv.shape
@@ -211,8 +212,11 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
     kv, vv = A.float_view(k, "k"), A.float_view(v, "v")
     A.check_ndim(qv, "q", 3, "[num_tokens, num_heads, head_size]")
     A.check_ndim(kv, "k", 3, "[num_tokens, num_kv_heads, head_size]")
+    A.check_ndim(vv, "v", 3, "[num_tokens, num_kv_heads, head_size]")
+    qv, kv, vv = A.input_rows(qv, "q"), A.input_rows(kv, "k"), A.input_rows(vv, "v")
     if ov.shape != qv.shape or ov.kind != qv.kind:
         raise ValueError("o must be %s %s like q" % (qv.shape, qv.dtype_name()))
+    A.check_rows(ov, "o")  # before anything is written
     T, H, D = qv.shape
     bt = A.to_np(b_loc, np.int32, "b_loc", 2)
     starts = A.to_np(b_start_loc, np.int64, "b_start_loc", 1)

@@ -375,3 +375,26 @@ def test_block_ids_outside_the_cache_are_refused_on_every_path(rng, bad_id, mode
         pa.flash_attn_varlen_func(q, kc, kc, 2, np.array([0, 2], np.int32), 7,
                                   seqused_k=np.array([7], np.int32),
                                   block_table=np.array([[0, bad_id]], np.int32), **kw)
+
+
+def test_outputs_with_overlapping_or_reversed_rows_and_bad_cache_views_write_nothing(rng):
+    """An output whose rows run backwards or are broadcast, or a cache view the library
+    refuses (a pool reversed along its blocks), is a ValueError before anything is written:
+    rows that see no key used to be zeroed first (found by random calls)."""
+    H, Hkv, D = 4, 2, 32
+    kc = randn(rng, (4, 16, Hkv, D), np.float32)
+    q = randn(rng, (3, 1, H, D), np.float32)
+    seqlens = np.array([0, 5, 9], np.int32)  # sequence 0 sees no key: its row would be zeroed
+    bt = np.array([[0], [1], [2]], np.int32)
+    base = np.full((3, 1, H, D), 7.0, np.float32)
+    for out in (base[::-1], np.broadcast_to(base[:1], base.shape)):
+        before = out.copy()
+        with pytest.raises(ValueError, match="out"):
+            pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=seqlens, block_table=bt,
+                                       causal=True, out=out)
+        assert np.array_equal(out, before)
+    out = base.copy()
+    with pytest.raises(ValueError, match="negative or overflow"):
+        pa.flash_attn_with_kvcache(q, kc[::-1], kc[::-1], cache_seqlens=seqlens, block_table=bt,
+                                   causal=True, out=out)
+    assert np.all(out == 7.0)

@@ -617,3 +617,38 @@ def test_with_kvcache_empty_batch_with_new_kv(backend, shape):
                                      block_table=np.zeros((B, 1), np.int32), causal=True,
                                      backend=backend)
     assert out.shape == q.shape and not kc.any()
+
+
+def test_broadcast_and_reversed_input_rows(backend, rng):
+    """Inputs whose rows are broadcast (stride 0), reversed (negative stride) or strided give
+    the same result as their contiguous copies (the library reads a row stride of 0 as
+    "contiguous": a broadcast q was read past its one row, a wrong answer). Outputs with such
+    rows are a ValueError (tested in test_errors)."""
+    H, Hkv, D = 4, 2, 32
+    cu = np.array([0, 3, 5], np.int32)
+    q1 = randn(rng, (1, H, D), np.float32)
+    k = randn(rng, (10, Hkv, D), np.float32)
+    v = randn(rng, (10, Hkv, D), np.float32)
+    cases = {"q broadcast": (np.broadcast_to(q1, (5, H, D)), k[:5], v[:5]),
+             "q reversed": (randn(rng, (5, H, D), np.float32)[::-1], k[:5], v[:5]),
+             "k, v reversed": (randn(rng, (5, H, D), np.float32), k[:5][::-1], v[5:][::-1]),
+             "k, v every other": (randn(rng, (5, H, D), np.float32), k[::2], v[::2]),
+             "k broadcast": (randn(rng, (5, H, D), np.float32),
+                             np.broadcast_to(k[:1], (5, Hkv, D)), v[:5])}
+    for name, (q, kk, vv) in cases.items():
+        got = pa.flash_attn_varlen_func(q, kk, vv, 3, cu, 3, cu, causal=True, backend=backend)
+        want = pa.flash_attn_varlen_func(np.ascontiguousarray(q), np.ascontiguousarray(kk),
+                                         np.ascontiguousarray(vv), 3, cu, 3, cu, causal=True,
+                                         backend=backend)
+        assert np.array_equal(got, want), name
+    # flash_attn_with_kvcache: q broadcast over the batch, new k/v reversed
+    kc = randn(rng, (4, 16, Hkv, D), np.float32)
+    bt = np.array([[0, 1], [2, 3]], np.int32)
+    qb = np.broadcast_to(q1[None], (2, 1, H, D))
+    kn = randn(rng, (2, 1, Hkv, D), np.float32)[::-1]
+    outs = []
+    for qq, kk in ((qb, kn), (np.ascontiguousarray(qb), np.ascontiguousarray(kn))):
+        c = kc.copy()
+        outs.append((pa.flash_attn_with_kvcache(qq, c, c, kk, kk, cache_seqlens=np.array([5, 9]),
+                                                block_table=bt, causal=True, backend=backend), c))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])

@@ -91,7 +91,7 @@ def one_call(d):
     if rng.random() < 0.05:
         kw["softmax_scale"] = d.pick(0.0, -1.0, float("inf"), 0.1)
     causal = bool(rng.integers(2))
-    which = rng.integers(6)
+    which = rng.integers(8)
     if which == 0:
         q = d.array((B, Sq, H, D), dt if rng.random() < 0.9 else None)
         cap = max(min(nb, 64), 1) * max(min(bs, 64), 1)
@@ -130,6 +130,31 @@ def one_call(d):
             pa.copy_blocks([kc], [vc], pairs)
         else:
             pa.swap_blocks(kc, vc, pairs)
+    elif which in (6, 7):
+        # vLLM's layer: metadata built for the step, then forward writes K/V and attends
+        n = max(min(B, 6), 0)
+        sl = d.ints(n, 60) + 1
+        ql = np.minimum(sl, 1 + d.ints(n, 4)) if which == 6 else sl.copy()
+        if rng.random() < 0.1 and n:
+            ql[0] = d.pick(0, -1, 2 ** 31 - 1)
+        nbs = max(min(bs, 64), 1)
+        tables = [d.ints(d.jig(-(-int(x) // nbs)), max(min(nb, 64), 1)).tolist() for x in sl]
+        backend = pa.get_attn_backend()
+        kv_cache = d.array((2, nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
+        kept.append((kv_cache, kv_cache.copy()))
+        md = backend.make_metadata_builder(d.jig(16) if rng.random() < 0.2 else nbs).build(
+            seq_lens=sl.tolist(), query_lens=ql.tolist(), block_tables=tables)
+        impl = backend.get_impl_cls()(H, D, d.pick(0.1, -1.0, 0.0), d.jig(Hk),
+                                      sliding_window=d.pick(None, None, 4, -1),
+                                      alibi_slopes=kw.get("alibi_slopes"),
+                                      kv_cache_dtype=kw.get("kv_cache_dtype", "auto"))
+        T = int(ql.sum()) + d.jig(0)
+        x = d.array((T, d.jig(H) * D), dt)
+        kv = d.array((T, Hk * D), dt)
+        out = d.array((T, H * D), dt) if rng.random() < 0.3 else None
+        if out is not None:
+            kept.append((out, out.copy()))
+        impl.forward(x, kv, kv if rng.random() < 0.9 else None, kv_cache, md, output=out)
     else:
         T = d.jig(4)
         parts = d.array((T, H, D), dt)

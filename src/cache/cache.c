@@ -104,6 +104,8 @@ pa_status pa__cache_validate(const pa_cache *c, const char *what)
     return PA_STATUS_OK;
 }
 
+pa_status pa_cache_validate(const pa_cache *c) { return pa__cache_validate(c, "pa_cache_validate"); }
+
 pa_status pa_cache_alloc(pa_cache *c)
 {
     if (!c) return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_alloc: cache is NULL");
