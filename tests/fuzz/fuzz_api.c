@@ -3,8 +3,8 @@
  * strides), per-sequence descriptors with block tables and cross tables, optional explicit slot
  * mappings, row and LSE strides, and cache-op arguments. It then calls pa_layer_create,
  * pa_batch_create (and pa_seqs_from_csr), pa_plan_create and pa_attn_forward on the reference
- * backend (and on "cpu" when built), pa_cache_write, pa_cache_copy_blocks and
- * pa_merge_states.
+ * backend (and on "cpu" when built), pa_cache_write, pa_cache_copy_blocks,
+ * pa_cache_swap_blocks, pa_merge_states, pa_convert and pa_cache_read_token.
  *
  * Properties checked (a violation aborts, which libFuzzer reports as a crash):
  *   - nothing crashes or trips ASan/UBSan, whatever the input;
@@ -562,6 +562,37 @@ done:
     free(copy);
 }
 
+/* pa_convert between decoded dtypes, with decoded counts, scales and (sometimes) overlapping
+ * or NULL buffers; pa_cache_read_token at a decoded slot. A rejected call writes nothing. */
+static void run_convert(rd *r, const world *w)
+{
+    enum { N = 256 };
+    static uint8_t buf[2 * N * 4], before[2 * N * 4];
+    pa_dtype sd = pick_dtype(r, 0), dd = pick_dtype(r, 0);
+    if (u8(r) < 16) sd = (pa_dtype)pick(r, -2, 9);
+    if (u8(r) < 16) dd = (pa_dtype)pick(r, -2, 9);
+    /* dst at an offset into src's buffer: overlapping when the offset is small */
+    size_t off = (size_t)(u8(r) % 4) * (N / 2) * 4;
+    size_t ss = esize(sd) ? esize(sd) : 4, ds = esize(dd) ? esize(dd) : 4;
+    size_t cnt = (size_t)pick64(r, 0, N);
+    while (cnt && (cnt * ss > sizeof buf || off + cnt * ds > sizeof buf)) cnt /= 2; /* never lie */
+    void *src = u8(r) < 10 ? NULL : (void *)buf, *dst = u8(r) < 10 ? NULL : (void *)(buf + off);
+    float scale = u8(r) < 200 ? 1.0f : pick_float(r);
+    fill(buf, PA_DTYPE_F32, 2 * N, 1);
+    memcpy(before, buf, sizeof buf);
+    pa_status s = pa_convert(dd, dst, sd, src, cnt, scale);
+    check_status(s);
+    if (s) check(memcmp(before, buf, sizeof buf) == 0, "a rejected convert changed nothing");
+    if (w->pool && w->cache.key && w->cache.value && w->cache.num_kv_heads > 0 && w->cache.head_size > 0 &&
+        (int64_t)w->cache.num_kv_heads * w->cache.head_size <= 4096) {
+        static float kout[4096], vout[4096];
+        int64_t pool = w->cache.num_blocks * w->cache.block_size;
+        s = pa_cache_read_token(&w->cache, pick64(r, -2, pool + 2), u8(r) < 128 ? 1.0f : pick_float(r),
+                                u8(r) < 128 ? 1.0f : pick_float(r), u8(r) & 1 ? kout : NULL, u8(r) & 1 ? vout : NULL);
+        check_status(s);
+    }
+}
+
 /* merge_states on small decoded shapes with decoded LSE strides. */
 static void run_merge(rd *r)
 {
@@ -688,6 +719,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     run_merge(&r);
     run_csr(&r);
+    run_convert(&r, w);
 out:
     pa_batch_destroy(w->batch);
     pa_layer_destroy(w->layer);
