@@ -109,6 +109,9 @@ def one_call(d):
         if rng.random() < 0.05:
             cu = cu[::-1].copy()
         q = d.array((int(cu.max()) + d.jig(0), H, D), dt)
+        if rng.random() < 0.3:
+            kw["out"] = d.array(q.shape, dt)
+            kept.append((kw["out"], kw["out"].copy()))
         if which == 1:
             seqused = d.ints(d.jig(ql.size), max(min(nb, 64), 1) * max(min(bs, 64), 1) + 1)
             pa.flash_attn_varlen_func(q, kc, vc, 8, cu, 64, seqused_k=seqused, block_table=bt,
