@@ -235,9 +235,11 @@ class Batch:
         return lib.pa_batch_get_metadata(self.handle).contents
 
     def plan(self, ctx, layer):
-        """A plan for (context, layer geometry), made once and reused."""
+        """A plan for (context, layer geometry), made once and reused: a plan depends on the
+        batch and the layer's heads, head size and attention type only (the library checks
+        those), so every layer of that geometry shares it, and a batch holds a few at most."""
         c = layer.cfg
-        key = (ctx.name, id(ctx), c.num_heads, c.num_kv_heads, c.head_size, c.attn_type, id(layer))
+        key = (ctx.name, id(ctx), c.num_heads, c.num_kv_heads, c.head_size, c.attn_type)
         p = self._plans.get(key)
         if p is None:
             with self._lock:  # batches are shared (between layers, and threads)
@@ -247,7 +249,7 @@ class Batch:
                     with ctx.lock:
                         L.check(lib.pa_plan_create(ctx.handle, layer.handle, self.handle,
                                                    byref(h)), "pa_plan_create")
-                    p = _Plan(h, layer)
+                    p = _Plan(h)
                     self._plans[key] = p
         return p
 
@@ -267,9 +269,8 @@ class Batch:
 
 
 class _Plan:
-    def __init__(self, handle, layer):
-        self.handle = handle
-        self.layer = layer  # keeps the layer alive as long as the plan
+    def __init__(self, handle):
+        self.handle = handle  # the library's plan keeps no pointer to the layer or the batch
 
     def close(self):
         if self.handle:
