@@ -96,9 +96,15 @@ def paged_seqs(q_start, q_len, k_len, bt, contiguous=False):
 
 
 def packed_seqs(q_start, q_len, k_len, k_start, total_k, contiguous=False):
-    """Seqs over packed keys: sequence i's keys are rows k_start[i] .. + k_len[i]."""
-    return Seqs(q_start, q_len, k_len, np.arange(total_k, dtype=np.int32),
-                np.asarray(k_start, dtype=np.int64), packed=True, contiguous=contiguous)
+    """Seqs over packed keys: sequence i's keys are rows k_start[i] .. + k_len[i] of total_k
+    (checked here: the library reads each sequence's table, the row indices, for k_len
+    entries)."""
+    k_start = np.asarray(k_start, dtype=np.int64)
+    k_len = np.asarray(k_len, dtype=np.int64)
+    if k_len.size and (int(k_start.min()) < 0 or int((k_start + k_len).max()) > total_k):
+        raise ValueError("the sequences' keys run past the %d packed key rows" % total_k)
+    return Seqs(q_start, q_len, k_len, np.arange(total_k, dtype=np.int32), k_start, packed=True,
+                contiguous=contiguous)
 
 
 def packed_source(k, v, cu_k, cache_dtype):

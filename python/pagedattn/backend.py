@@ -557,6 +557,9 @@ class PagedAttnImpl:
 
     def _no_cache_prefill(self, qv, kv, vv, ov, out_obj, md):
         """Profiling run (empty kv_cache): causal attention over the step's own tokens."""
+        if kv.shape[0] != md.num_tokens or vv.shape[0] != md.num_tokens:
+            raise ValueError("key and value have %d and %d rows for %d query tokens"
+                             % (kv.shape[0], vv.shape[0], md.num_tokens))
         cu = md.query_start_loc
         src = _attn.packed_source(kv, vv, cu.astype(np.int64), kv.kind)
         n = md.num_seqs

@@ -398,3 +398,16 @@ def test_outputs_with_overlapping_or_reversed_rows_and_bad_cache_views_write_not
         pa.flash_attn_with_kvcache(q, kc[::-1], kc[::-1], cache_seqlens=seqlens, block_table=bt,
                                    causal=True, out=out)
     assert np.all(out == 7.0)
+
+
+def test_profiling_run_with_too_few_key_rows(rng):
+    """vLLM's profiling run (an empty kv_cache) attends over the step's own keys: key rows
+    fewer than the metadata's tokens are a ValueError (the library was handed a table of row
+    indices longer than the rows: a heap over-read under ASan, found by random calls)."""
+    backend = pa.get_attn_backend()
+    impl = backend.get_impl_cls()(4, 16, 0.25, 2)
+    md = backend.make_metadata_builder(16).build(seq_lens=[6], query_lens=[6], block_tables=[[0]])
+    x = randn(rng, (6, 4 * 16), np.float32)
+    kv = randn(rng, (3, 2 * 16), np.float32)
+    with pytest.raises(ValueError, match="rows for 6 query tokens"):
+        impl.forward(x, kv, kv, np.zeros((0,), np.float32), md)
