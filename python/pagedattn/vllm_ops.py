@@ -71,6 +71,8 @@ def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, 
         raise ValueError("block_tables %s and seq_lens %s must have one row per sequence (%d)"
                          % (bt.shape, sl.shape, S))
     bs = int(block_size)
+    if bs < 1:
+        raise ValueError("block_size must be >= 1, got %d" % bs)
     nbt = [int(-(-int(n) // bs)) for n in sl]
     if any(n < 1 for n in sl) or any(n > bt.shape[1] for n in nbt):
         raise ValueError("seq_lens must be >= 1 and fit the block tables")

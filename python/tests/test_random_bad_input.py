@@ -91,7 +91,7 @@ def one_call(d):
     if rng.random() < 0.05:
         kw["softmax_scale"] = d.pick(0.0, -1.0, float("inf"), 0.1)
     causal = bool(rng.integers(2))
-    which = rng.integers(8)
+    which = rng.integers(10)
     if which == 0:
         q = d.array((B, Sq, H, D), dt if rng.random() < 0.9 else None)
         cap = max(min(nb, 64), 1) * max(min(bs, 64), 1)
@@ -158,6 +158,39 @@ def one_call(d):
         if out is not None:
             kept.append((out, out.copy()))
         impl.forward(x, kv, kv if rng.random() < 0.9 else None, kv_cache, md, output=out)
+    elif which == 8:
+        # vLLM's older paged layout: reshape_and_cache, then paged_attention_v1
+        x = d.pick(8, 4, 16, 3)
+        kp = d.array((nb, Hk, d.jig(D // 8), bs, x), dt)
+        vp = d.array((nb, Hk, D, bs), dt)
+        kept += [(kp, kp.copy()), (vp, vp.copy())]
+        key = d.array((d.jig(3), Hk, D), dt)
+        cap = max(min(nb, 64), 1) * max(min(bs, 64), 1)
+        if rng.random() < 0.5:
+            pa.reshape_and_cache(key, key, kp, vp, d.ints(d.jig(3), cap, np.int64))
+        else:
+            out = d.array((B, H, D), dt)
+            kept.append((out, out.copy()))
+            sl = d.ints(d.jig(B), cap + 1) + 1
+            pa.paged_attention_v1(out, d.array((B, H, D), dt), kp, vp, d.jig(Hk), 0.1, bt, sl,
+                                  d.jig(bs), int(sl.max(initial=1)),
+                                  alibi_slopes=kw.get("alibi_slopes"))
+    elif which == 9:
+        # dense and packed FlashAttention calls
+        S = d.jig(5)
+        if rng.random() < 0.5:
+            qkv = d.array((B, S, 3, H, D), dt)
+            pa.flash_attn_qkvpacked_func(qkv, causal=causal,
+                                         window_size=kw.get("window_size"))
+        else:
+            q = d.array((B, S, H, D), dt)
+            kk = d.array((B, d.jig(S), Hk, D), dt)
+            out = d.array((B, S, H, D), dt) if rng.random() < 0.3 else None
+            if out is not None:
+                kept.append((out, out.copy()))
+            pa.flash_attn_func(q, kk, kk if rng.random() < 0.8 else d.array(kk.shape, dt),
+                               causal=causal, out=out, **{k_: kw[k_] for k_ in kw if k_ in (
+                                   "window_size", "alibi_slopes", "s_aux", "softcap")})
     else:
         T = d.jig(4)
         parts = d.array((T, H, D), dt)
