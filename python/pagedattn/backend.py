@@ -497,6 +497,9 @@ class PagedAttnImpl:
         if ov.kind != qv.kind:
             raise ValueError("output dtype %s differs from query dtype %s"
                              % (ov.dtype_name(), qv.dtype_name()))
+        if ov.shape != qv.shape:
+            raise ValueError("output has shape %s (as [tokens, heads, head_size]); the query %s"
+                             % (ov.shape, qv.shape))
         ks, vs = A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale")
         cv = A.view(kv_cache, "kv_cache") if kv_cache is not None else None
         has_cache = cv is not None and cv.size() > 0

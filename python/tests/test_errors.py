@@ -411,3 +411,19 @@ def test_profiling_run_with_too_few_key_rows(rng):
     kv = randn(rng, (3, 2 * 16), np.float32)
     with pytest.raises(ValueError, match="rows for 6 query tokens"):
         impl.forward(x, kv, kv, np.zeros((0,), np.float32), md)
+
+
+@pytest.mark.parametrize("rows", [3, 5, 0])
+def test_impl_forward_output_of_the_wrong_size(rng, rows):
+    """impl.forward's output must hold as many rows as the query (it wrote all the query's rows
+    into a shorter one: a heap overflow under ASan, found by random calls)."""
+    backend = pa.get_attn_backend()
+    impl = backend.get_impl_cls()(4, 16, 0.25, 2)
+    kv_cache = np.zeros(backend.get_kv_cache_shape(4, 16, 2, 16), np.float32)
+    md = backend.make_metadata_builder(16).build(seq_lens=[4], query_lens=[4], block_tables=[[1]])
+    x = randn(rng, (4, 4 * 16), np.float32)
+    kv = randn(rng, (4, 2 * 16), np.float32)
+    out = np.zeros((rows, 4 * 16), np.float32)
+    with pytest.raises(ValueError, match="output has shape"):
+        impl.forward(x, kv, kv, kv_cache, md, output=out)
+    assert not kv_cache.any()
