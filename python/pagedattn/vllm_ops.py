@@ -237,6 +237,9 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
         bs = kcn.shape[1]
     else:
         raise ValueError("k_cache must be vLLM's paged layout (5-D) or the flash layout (4-D)")
+    if bs < 1 or D < 1 or H < 1:
+        raise ValueError("block_size (%d), head_size (%d) and num_heads (%d) must be >= 1"
+                         % (bs, D, H))
     need = [int(-(-int(n) // bs)) for n in sl]
     if any(n > bt.shape[1] for n in need) or np.any(cl < 0) or np.any(cl > sl):
         raise ValueError("lengths exceed the block tables or contexts exceed lengths")

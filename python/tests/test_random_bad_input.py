@@ -91,7 +91,7 @@ def one_call(d):
     if rng.random() < 0.05:
         kw["softmax_scale"] = d.pick(0.0, -1.0, float("inf"), 0.1)
     causal = bool(rng.integers(2))
-    which = rng.integers(10)
+    which = rng.integers(12)
     if which == 0:
         q = d.array((B, Sq, H, D), dt if rng.random() < 0.9 else None)
         cap = max(min(nb, 64), 1) * max(min(bs, 64), 1)
@@ -191,6 +191,43 @@ def one_call(d):
             pa.flash_attn_func(q, kk, kk if rng.random() < 0.8 else d.array(kk.shape, dt),
                                causal=causal, out=out, **{k_: kw[k_] for k_ in kw if k_ in (
                                    "window_size", "alibi_slopes", "s_aux", "softcap")})
+    elif which == 10:
+        # vLLM's prefix-prefill kernel over the older layout, and convert_fp8
+        if rng.random() < 0.5:
+            x = d.pick(8, 4, 16)
+            kp = d.array((nb, Hk, d.jig(D // 8), bs, x), dt)
+            vp = d.array((nb, Hk, D, bs), dt)
+            kept += [(kp, kp.copy()), (vp, vp.copy())]
+            n = max(min(B, 4), 0)
+            new = d.ints(n, 4, np.int64) + 1
+            ctxl = d.ints(n, 20, np.int64)
+            T = int(new.sum()) + d.jig(0)
+            q, kn = d.array((T, H, D), dt), d.array((T, Hk, D), dt)
+            o = d.array((T, H, D), dt)
+            kept.append((o, o.copy()))
+            starts = np.concatenate([[0], np.cumsum(new)[:-1]]).astype(np.int64)
+            tabs = d.ints(n * 4, max(min(nb, 64), 1)).reshape(n, 4) if n else np.zeros((0, 4),
+                                                                                       np.int32)
+            pa.context_attention_fwd(q, kn, kn, o, kw.get("kv_cache_dtype", "auto"), kp, vp, tabs,
+                                     starts, ctxl + new, ctxl, int(new.max(initial=1)),
+                                     sliding_window=d.pick(None, 4, 0, -3))
+        else:
+            src = d.array((d.jig(6),), d.pick(*FLOATS, np.dtype(np.uint8)))
+            dst = d.array((d.jig(6),), d.pick(*FLOATS, np.dtype(np.uint8)))
+            kept.append((dst, dst.copy()))
+            pa.convert_fp8(dst, src, d.pick(1.0, 0.5, 0.0, -1.0, float("nan")),
+                           d.pick("fp8", "fp8_e5m2", "fp8_e4m3", "x"))
+    elif which == 11:
+        # the backend's block copies over [2, num_blocks, ...] caches
+        backend = pa.get_attn_backend()
+        c1 = d.array((d.jig(2), nb, bs, Hk, D), dt)
+        c2 = d.array((2, d.jig(nb), bs, Hk, D), dt if rng.random() < 0.9 else None)
+        kept += [(c1, c1.copy()), (c2, c2.copy())]
+        pairs = d.ints(2 * max(d.jig(2), 0), max(nb, 1), np.int64).reshape(-1, 2)
+        if rng.random() < 0.5:
+            backend.swap_blocks(c1, c2, pairs)
+        else:
+            backend.copy_blocks([c1, c2], pairs)
     else:
         T = d.jig(4)
         parts = d.array((T, H, D), dt)
