@@ -537,19 +537,24 @@ class PagedAttnImpl:
         layer = self._layer(qv.kind, kvd, ov.kind, cdt, ks, vs, at)
         ctx = layer.context(self.backend)
         if at == L.PA_ATTN_ENCODER:
+            if kv.shape[0] != T or vv.shape[0] != T:
+                raise ValueError("key and value have %d and %d rows for %d encoder tokens"
+                                 % (kv.shape[0], vv.shape[0], T))
             batch = md.batch(num_blocks, encoder_self=True)
         elif at == L.PA_ATTN_ENCODER_DECODER:
             if md.num_encoder_tokens == 0:
                 raise ValueError("cross-attention needs encoder_seq_lens in the metadata")
             if md.cross_block_tables is None:
                 raise ValueError("cross-attention needs cross_block_tables in the metadata")
-            if kv is not None and kv.shape[0] != md.num_encoder_tokens:
-                raise ValueError("key has %d rows; the metadata has %d encoder tokens"
-                                 % (kv.shape[0], md.num_encoder_tokens))
+            if kv is not None and (kv.shape[0] != md.num_encoder_tokens or
+                                   vv.shape[0] != md.num_encoder_tokens):
+                raise ValueError("key and value have %d and %d rows; the metadata has %d encoder "
+                                 "tokens" % (kv.shape[0], vv.shape[0], md.num_encoder_tokens))
             batch = md.batch(num_blocks, num_cross_blocks=num_blocks)
         else:
-            if kv is not None and kv.shape[0] != T:
-                raise ValueError("key has %d rows for %d query tokens" % (kv.shape[0], T))
+            if kv is not None and (kv.shape[0] != T or vv.shape[0] != T):
+                raise ValueError("key and value have %d and %d rows for %d query tokens"
+                                 % (kv.shape[0], vv.shape[0], T))
             batch = md.batch(num_blocks, encoder_only=at == L.PA_ATTN_ENCODER_ONLY)
         plan = batch.plan(ctx, layer)
         C.forward(ctx, layer, batch, qv.ptr, qv.strides[0],

@@ -284,6 +284,10 @@ def context_attention_fwd(q, k, v, o, kv_cache_dtype, k_cache, v_cache, b_loc, b
     if sum(int(n - c) for n, c in zip(sl, cl)) != T:
         raise ValueError("q has %d rows; the sequences have %d new tokens"
                          % (T, int((sl - cl).sum())))
+    for x, n in ((kv, "k"), (vv, "v")):
+        if x.shape != (T, Hkv, D):
+            raise ValueError("%s must be [%d tokens, %d KV heads, %d] like the cache; got %s"
+                             % (n, T, Hkv, D, x.shape))
     batch = C.Batch(bs, max(1, used.size), seqs, slot_mapping=np.concatenate(slots))
     cache = C.paged_cache(A.view(kc, "k_cache"), A.view(vc, "v_cache"), cdt)
     C.forward(ctx, layer, batch, qv.ptr, A.check_rows(qv, "q"), kv.ptr, A.check_rows(kv, "k"),

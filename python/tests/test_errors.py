@@ -427,3 +427,26 @@ def test_impl_forward_output_of_the_wrong_size(rng, rows):
     with pytest.raises(ValueError, match="output has shape"):
         impl.forward(x, kv, kv, kv_cache, md, output=out)
     assert not kv_cache.any()
+
+
+def test_new_key_rows_must_match_the_tokens(rng):
+    """context_attention_fwd and an encoder impl.forward with fewer key/value rows than tokens
+    are a ValueError (context_attention_fwd read past k: a heap over-read under ASan, found by
+    random calls)."""
+    H, Hkv, D, bs, nb = 4, 2, 16, 16, 4
+    kp = np.zeros((nb, Hkv, D // 8, bs, 8), np.float16)
+    vp = np.zeros((nb, Hkv, D, bs), np.float16)
+    q = randn(rng, (4, H, D), np.float16)
+    k = randn(rng, (2, Hkv, D), np.float16)
+    o = np.zeros_like(q)
+    with pytest.raises(ValueError, match="k must be"):
+        pa.context_attention_fwd(q, k, k, o, "auto", kp, vp, np.array([[1]], np.int32),
+                                 np.array([0]), np.array([4]), np.array([0]), 4)
+    assert not o.any() and not kp.any() and not vp.any()
+    backend = pa.get_attn_backend()
+    impl = backend.get_impl_cls()(H, D, 0.25, Hkv, attn_type="encoder")
+    md = backend.make_metadata_builder(16).build(seq_lens=[1], query_lens=[1], block_tables=[[0]],
+                                                 encoder_seq_lens=[4])
+    with pytest.raises(ValueError, match="rows for 4 encoder tokens"):
+        impl.forward(randn(rng, (4, H * D), np.float16), randn(rng, (2, Hkv * D), np.float16),
+                     randn(rng, (2, Hkv * D), np.float16), None, md)
