@@ -176,8 +176,9 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
     """Runs attention.
 
     q, out: Views [rows, H, D]. lse: None or (View-or-array obj, base_ptr, token_stride,
-    head_stride, fill(row_start, nrows)). seqs: a Seqs. alibi: None, float32 [H] or [B, H]. new_kv: None or (k View, v View,
-    slot_mapping int64 [rows]) to be written by the forward call itself (decoder, one group).
+    head_stride, fill(row_start, nrows)). seqs: a Seqs. alibi: None, float32 [H] or [B, H].
+    new_kv: None or (k View, v View, slot_mapping int64 [rows]) to be written by the forward
+    call itself (decoder, one group).
     same_rows_kv: (k View, v View) when keys are exactly the query rows (packed self-attention).
     before_write: called once everything is validated (layers, backends, batches), before the
     first write to out, lse or a cache (e.g. the caller's own cache write), so that a rejected

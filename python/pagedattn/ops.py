@@ -547,16 +547,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         lse = (lse_tmp, lse_tmp.ctypes.data, H, 1, fill, put)
     # the forward call writes the new K/V itself when it can (one validation, then writes);
     # otherwise the cache write goes first, after everything else was validated
-    direct = (new_kv is not None and causal and Snew == Sq and B * Sq > 0 and bool(np.all(klens >= Sq)) and
+    direct = (new_kv is not None and causal and Snew == Sq and B * Sq > 0 and
+              bool(np.all(klens >= Sq)) and
               (alibi is None or alibi.ndim == 1) and
               new_kv[0].kind in (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16))
-    write = None
-    if new_kv is not None and not direct:
-        def write():
-            _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)
+    def write():
+        _cache_write(cache, new_kv[0], new_kv[1], new_kv[2], ks, vs, cdt, backend)
+
     _attn.run(qv, ov, lse, src, seqs, causal=bool(causal), window=win, scale=scale, softcap=sc,
               alibi=alibi, sinks=sinks, cache_dtype=cdt, k_scale=ks, v_scale=vs, backend=backend,
-              new_kv=new_kv if direct else None, before_write=write)
+              new_kv=new_kv if direct else None,
+              before_write=write if new_kv is not None and not direct else None)
     if return_softmax_lse:
         lse_arr = lse_tmp.reshape(B, Sq, H).transpose(0, 2, 1)
         if qv.torch:

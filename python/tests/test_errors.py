@@ -250,11 +250,13 @@ def test_batch_lengths_beyond_int32():
     table = np.zeros(4, np.int32)
     ok = {"context_len": 3, "query_len": 1, "is_prefill": False, "block_table": table}
     C.Batch(16, 4, [ok])  # the same with in-range values passes
-    for key, val in (("context_len", 2 ** 31), ("query_len", 2 ** 32 + 1), ("context_len", -2 ** 31 - 1)):
+    for key, val in (("context_len", 2 ** 31), ("query_len", 2 ** 32 + 1),
+                     ("context_len", -2 ** 31 - 1)):
         with pytest.raises(ValueError, match="int32"):
             C.Batch(16, 4, [dict(ok, **{key: val})])
     with pytest.raises(ValueError, match="int32"):
-        C.Batch.columns(16, 4, 2, np.array([3, 2 ** 31]), 1, 0, np.array([table.ctypes.data] * 2, np.uintp), 1)
+        C.Batch.columns(16, 4, 2, np.array([3, 2 ** 31]), 1, 0,
+                        np.array([table.ctypes.data] * 2, np.uintp), 1)
 
 
 def _ro(a):
@@ -351,11 +353,13 @@ def test_degenerate_query_shapes_are_value_errors(shape):
     kc = np.zeros((2, 16, 2, shape[3]), np.float32)
     q = np.zeros(shape, np.float32)
     with pytest.raises(ValueError):
-        pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, block_table=np.array([[0]] * shape[0], np.int32))
+        pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3,
+                                   block_table=np.array([[0]] * shape[0], np.int32))
     with pytest.raises(ValueError):
         pa.flash_attn_varlen_func(q.reshape(-1, shape[2], shape[3]), kc, kc, 1,
                                   np.array([0, shape[0] * shape[1]], np.int32), 3,
-                                  seqused_k=np.array([3], np.int32), block_table=np.array([[0]], np.int32))
+                                  seqused_k=np.array([3], np.int32),
+                                  block_table=np.array([[0]], np.int32))
 
 
 @pytest.mark.parametrize("bad_id", [-1, 3, 99])

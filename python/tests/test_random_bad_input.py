@@ -68,7 +68,8 @@ def one_call(d):
     if it raises."""
     rng = d.rng
     H, Hk, D = d.jig(d.pick(4, 8)), d.jig(d.pick(1, 2, 4)), d.jig(d.pick(16, 32))
-    bs, nb, B, Sq = d.jig(d.pick(1, 4, 16)), d.jig(d.pick(1, 3, 8)), d.jig(d.pick(1, 2, 3)), d.jig(d.pick(1, 2, 5))
+    bs, nb = d.jig(d.pick(1, 4, 16)), d.jig(d.pick(1, 3, 8))
+    B, Sq = d.jig(d.pick(1, 2, 3)), d.jig(d.pick(1, 2, 5))
     dt = d.pick(*FLOATS)
     kc = d.array((nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
     vc = kc if rng.random() < 0.1 else d.array((nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
@@ -124,7 +125,8 @@ def one_call(d):
             pa.flash_attn_varlen_func(q, k, v, 8, cu, 8, cuk, causal=causal, **kw)
     elif which == 3:
         key = d.array((d.jig(5), Hk, D), dt)
-        slots = d.ints(d.jig(5), max(min(nb, 64), 1) * max(min(bs, 64), 1), d.pick(np.int64, np.int32))
+        slots = d.ints(d.jig(5), max(min(nb, 64), 1) * max(min(bs, 64), 1),
+                       d.pick(np.int64, np.int32))
         pa.reshape_and_cache_flash(key, key, kc, vc, slots,
                                    kv_cache_dtype=kw.get("kv_cache_dtype", "auto"))
     elif which == 4:
