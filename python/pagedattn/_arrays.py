@@ -109,9 +109,8 @@ def _torch_kind(t):
 def view(x, name, write=False):
     """A View of array `x` (numpy array or torch CPU tensor); `name` is used in error messages.
     write: the library will write into x, so a read-only numpy array is a ValueError."""
-    if write and type(x) is np.ndarray and not x.flags.writeable:
-        raise ValueError("%s is read-only (its writeable flag is off), but it is written to"
-                         % name)
+    if write:
+        _refuse_read_only(x, name)
     if x is None:
         raise ValueError("%s must be an array, got None" % name)
     if type(x) is not np.ndarray:
@@ -150,11 +149,16 @@ def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16
     return v
 
 
-def require_writable(v, name):
-    """ValueError unless the library may write into View v (numpy's writeable flag)."""
-    if not v.torch and v.obj is not None and not v.obj.flags.writeable:
+def _refuse_read_only(x, name):
+    if type(x) is np.ndarray and not x.flags.writeable:
         raise ValueError("%s is read-only (its writeable flag is off), but it is written to"
                          % name)
+
+
+def require_writable(v, name):
+    """ValueError unless the library may write into View v (numpy's writeable flag; torch
+    tensors have none)."""
+    _refuse_read_only(v.obj, name)
 
 
 def check_ndim(v, name, ndim, what):
@@ -162,40 +166,38 @@ def check_ndim(v, name, ndim, what):
         raise ValueError("%s must be %d-D %s, got shape %s" % (name, ndim, what, v.shape))
 
 
-def check_rows(v, name):
-    """Rows of a [rows, heads, dim] tensor: heads and dims contiguous, rows at a uniform stride
-    of at least a row (the library reads a row stride of 0 as "contiguous", and rows that are
-    broadcast, reversed or overlapping cannot be described). Returns the row stride in
-    elements (a row's size when there is at most one row: its stride is never used)."""
+def _rows_problem(v, name):
+    """Why the library cannot read View v [rows, heads, dim] with one row stride, or None: heads
+    and dims must be contiguous and rows must follow each other at a stride of at least a row
+    (the library reads a row stride of 0 as "contiguous")."""
     rows, h, d = v.shape
     if rows == 0 or h == 0 or d == 0:  # no element: any strides will do
-        return h * d
+        return None
     if d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d):
-        raise ValueError("%s: the head and head_size dims must be contiguous (strides %s for "
-                         "shape %s); pass a contiguous array" % (name, v.strides, v.shape))
-    if rows == 1:
-        return h * d
-    if v.strides[0] < h * d:
-        raise ValueError("%s: rows must follow each other without overlapping (row stride %d "
-                         "elements for rows of %d: broadcast, reversed or overlapping rows); "
-                         "pass a contiguous array" % (name, v.strides[0], h * d))
-    return v.strides[0]
+        return ("%s: the head and head_size dims must be contiguous (strides %s for shape %s); "
+                "pass a contiguous array" % (name, v.strides, v.shape))
+    if rows > 1 and v.strides[0] < h * d:
+        return ("%s: rows must follow each other without overlapping (row stride %d elements "
+                "for rows of %d: broadcast, reversed or overlapping rows); pass a contiguous "
+                "array" % (name, v.strides[0], h * d))
+    return None
 
 
-def rows_ok(v):
-    """Whether check_rows accepts View v [rows, heads, dim]."""
+def check_rows(v, name):
+    """The row stride in elements of View v [rows, heads, dim] (a row's size when there is at
+    most one row: its stride is never used); ValueError when the library cannot read v."""
+    why = _rows_problem(v, name)
+    if why:
+        raise ValueError(why)
     rows, h, d = v.shape
-    if rows == 0 or h == 0 or d == 0:
-        return True
-    return (not (d > 1 and v.strides[2] != 1 or (h > 1 and v.strides[1] != d)) and
-            (rows == 1 or v.strides[0] >= h * d))
+    return v.strides[0] if rows > 1 and h * d else h * d
 
 
 def input_rows(v, name):
     """An input View [rows, heads, dim] the library can read: v itself, or a contiguous copy
     when its rows are broadcast, reversed, overlapping or not contiguous inside (as
     FlashAttention's own wrappers make inputs contiguous)."""
-    if rows_ok(v):
+    if _rows_problem(v, name) is None:
         return v
     x = v.obj.contiguous() if v.torch else np.ascontiguousarray(v.obj)
     return view(x, name)

@@ -363,12 +363,12 @@ def _plan_groups(seqs, attn_type, per_seq_alibi, src, new_kv):
             batch = C.Batch.columns(bsz, src.num_blocks, n, k32 - e32, e32, is_prefill,
                                     addr_all[g0:g1], tlen_all[g0:g1], slot_mapping=slots)
         elif attn_type == L.PA_ATTN_ENCODER_DECODER:
-            k = kl[g0:g1]
+            n_enc = int(k32.sum(dtype=np.int64))
             batch = C.Batch.columns(bsz, src.num_blocks, n, 0, e32, is_prefill, 0, 0,
                                     encoder_len=k32, cross_addr=addr_all[g0:g1],
                                     cross_len=tlen_all[g0:g1], num_cross_blocks=src.num_blocks,
                                     slot_mapping=slots,
-                                    cross_slot_mapping=np.full(int(k.sum()), -1, dtype=np.int64))
+                                    cross_slot_mapping=np.full(n_enc, -1, dtype=np.int64))
         else:
             batch = C.Batch.columns(bsz if src is not None else 1,
                                     src.num_blocks if src is not None else 1, n, 0, e32, 1, 0, 0,

@@ -161,6 +161,7 @@ class Batch:
     def __init__(self, block_size, num_blocks, seqs, num_cross_blocks=0, slot_mapping=None,
                  cross_slot_mapping=None):
         g = [s.get for s in seqs]
+        # (keep, ckeep: the int32 copies behind the addresses, alive until the library copies them)
         addr, num, keep = table_columns([s("block_table") for s in g])
         caddr, cnum, ckeep = table_columns([s("cross_block_table") for s in g])
         self._init(block_size, num_blocks, len(seqs),
