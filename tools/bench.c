@@ -315,6 +315,7 @@ static void measure_limits(int threads, int quick, unsigned char *buf, size_t by
 
 enum { HD = 128, BLK = 16 };
 static int HQ = 32, HKV = 8; /* --heads */
+static int LAYOUT = -1;        /* --layout: a pa_cache_layout, or -1 for the backend's preferred one */
 
 typedef struct {
     char name[64];
@@ -425,8 +426,8 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     unsigned char *pat = malloc(65536);
     random_pattern(c->cache, pat, 65536, 42);
     for (int l = 0; l < S->nlayers; l++) {
-        st = pa_cache_init(&S->caches[l], pa_backend_preferred_layout(be), c->cache, blocks, BLK,
-                           HKV, HD);
+        st = pa_cache_init(&S->caches[l], LAYOUT >= 0 ? (pa_cache_layout)LAYOUT : pa_backend_preferred_layout(be),
+                           c->cache, blocks, BLK, HKV, HD);
         size_t bytes = st ? 0 : (size_t)pa_cache_pool_elems(&S->caches[l]) * pa_dtype_size(c->cache);
         if (!st) {
             S->caches[l].key = alloc_pool(bytes);
@@ -547,9 +548,12 @@ static void usage(FILE *f)
             "  --quick          a very short run: smaller cases, 2 repeats, short limit probes\n"
             "  --heads HQ/HKV   query / KV heads of every case (default 32/8; HQ a multiple of\n"
             "                   HKV, at most 256): e.g. 32/32 (MHA), 16/8 (GQA 2), 28/4 (GQA 7)\n"
+            "  --layout L       cache layout of every case: nhd ([block, token, head, dim]: FlashAttention's\n"
+            "                   and vLLM's flash layout) or hnd ([block, head, token, dim]); default: the\n"
+            "                   backend's preferred one (`pagedattn info`)\n"
             "  --json           machine-readable output on stdout\n"
             "Cases: 32 query / 8 KV heads x 128 (or --heads), block 16, the backend's preferred cache\n"
-            "layout.\n"
+            "layout (or --layout).\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
             "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
@@ -614,6 +618,14 @@ int pa_tool_bench(int argc, char **argv)
                 return 2;
             }
             HQ = hq, HKV = hkv, i++;
+        } else if (!strcmp(a, "--layout") && val) {
+            if (!strcmp(val, "nhd") || !strcmp(val, "NHD")) LAYOUT = PA_LAYOUT_NHD;
+            else if (!strcmp(val, "hnd") || !strcmp(val, "HND")) LAYOUT = PA_LAYOUT_HND;
+            else {
+                fprintf(stderr, "bench: bad --layout '%s' (nhd or hnd)\n", val);
+                return 2;
+            }
+            i++;
         } else if (!strcmp(a, "--cases") && val) {
             filter = val, i++;
         } else if (!strcmp(a, "--threads") && val) {
@@ -731,12 +743,16 @@ int pa_tool_bench(int argc, char **argv)
                            lims[i].threads, lims[i].fma_gflops / lims[j].fma_gflops, lims[i].threads);
         printf("  heads: %d query / %d KV x %d (GQA %d)%s\n", HQ, HKV, HD, HQ / HKV,
                HQ == 32 && HKV == 8 ? "" : " (--heads: not the standard cases' 32/8)");
+        printf("  cache layout: %s\n", LAYOUT < 0 ? "each backend's preferred (`pagedattn info`)"
+                                    : LAYOUT == PA_LAYOUT_NHD ? "NHD (--layout)" : "HND (--layout)");
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
         printf("{\n  \"version\": \"%s\",\n  \"optimized_build\": %s,\n  \"load_average\": %.2f,\n"
-               "  \"online_cores\": %ld,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n  \"limits\": [",
-               pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD);
+               "  \"online_cores\": %ld,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n"
+               "  \"cache_layout\": \"%s\",\n  \"limits\": [",
+               pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD,
+               LAYOUT < 0 ? "preferred" : LAYOUT == PA_LAYOUT_NHD ? "nhd" : "hnd");
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.7g", lims[i].bf16_gflops);

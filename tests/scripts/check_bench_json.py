@@ -2,7 +2,8 @@
 measured and one result per case asked for, every figure finite and consistent with the others.
 argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not Debug); argv[3]
 (optional): the heads "HQ/HKV" the run was asked for (default 32/8), checked against the document
-and, for a decode case, against the work its rates imply."""
+and, for a decode case, against the work its rates imply; argv[4] (optional): the --layout asked
+for ("nhd" or "hnd"; default: none, the backend's preferred one)."""
 import json
 import math
 import sys
@@ -11,6 +12,7 @@ doc = json.load(sys.stdin)
 case, optimized = sys.argv[1], sys.argv[2] == "1"
 hq, hkv = map(int, (sys.argv[3] if len(sys.argv) > 3 else "32/8").split("/"))
 assert doc["heads"] == {"query": hq, "kv": hkv, "size": 128}, doc["heads"]
+assert doc["cache_layout"] == (sys.argv[4] if len(sys.argv) > 4 else "preferred"), doc["cache_layout"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
 assert doc["online_cores"] >= 1
 (lim,) = doc["limits"]
