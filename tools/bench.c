@@ -316,6 +316,7 @@ static void measure_limits(int threads, int quick, unsigned char *buf, size_t by
 enum { HD = 128, BLK = 16 };
 static int HQ = 32, HKV = 8; /* --heads */
 static int LAYOUT = -1;        /* --layout: a pa_cache_layout, or -1 for the backend's preferred one */
+static int IN_ORDER = 0;       /* --blocks in-order: block tables 0, 1, 2, ... instead of shuffled */
 
 typedef struct {
     char name[64];
@@ -392,6 +393,15 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     }
     tables = malloc((size_t)blocks * sizeof *tables);
     for (int64_t i = 0; i < blocks; i++) tables[i] = (int32_t)i;
+    /* an engine's block tables point all over the pool once requests have come and gone (vLLM
+     * hands out blocks from a free list): a fixed shuffle, unless --blocks in-order */
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    for (int64_t i = blocks - 1; i > 0 && !IN_ORDER; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int64_t j = (int64_t)(x % (uint64_t)(i + 1));
+        int32_t t = tables[i];
+        tables[i] = tables[j], tables[j] = t;
+    }
     int64_t b0 = 0;
     S->ntok = 0;
     for (int s = 0; s < nseq; s++) {
@@ -551,9 +561,12 @@ static void usage(FILE *f)
             "  --layout L       cache layout of every case: nhd ([block, token, head, dim]: FlashAttention's\n"
             "                   and vLLM's flash layout) or hnd ([block, head, token, dim]); default: the\n"
             "                   backend's preferred one (`pagedattn info`)\n"
+            "  --blocks B       block tables: shuffled (default: each sequence's blocks spread over\n"
+            "                   the pool in a fixed random order, as an engine's free list leaves them)\n"
+            "                   or in-order (0, 1, 2, ...: consecutive blocks adjacent in memory)\n"
             "  --json           machine-readable output on stdout\n"
             "Cases: 32 query / 8 KV heads x 128 (or --heads), block 16, the backend's preferred cache\n"
-            "layout (or --layout).\n"
+            "layout (or --layout), shuffled block tables (or --blocks).\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
             "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
@@ -618,6 +631,14 @@ int pa_tool_bench(int argc, char **argv)
                 return 2;
             }
             HQ = hq, HKV = hkv, i++;
+        } else if (!strcmp(a, "--blocks") && val) {
+            if (!strcmp(val, "in-order")) IN_ORDER = 1;
+            else if (!strcmp(val, "shuffled")) IN_ORDER = 0;
+            else {
+                fprintf(stderr, "bench: bad --blocks '%s' (shuffled or in-order)\n", val);
+                return 2;
+            }
+            i++;
         } else if (!strcmp(a, "--layout") && val) {
             if (!strcmp(val, "nhd") || !strcmp(val, "NHD")) LAYOUT = PA_LAYOUT_NHD;
             else if (!strcmp(val, "hnd") || !strcmp(val, "HND")) LAYOUT = PA_LAYOUT_HND;
@@ -743,16 +764,19 @@ int pa_tool_bench(int argc, char **argv)
                            lims[i].threads, lims[i].fma_gflops / lims[j].fma_gflops, lims[i].threads);
         printf("  heads: %d query / %d KV x %d (GQA %d)%s\n", HQ, HKV, HD, HQ / HKV,
                HQ == 32 && HKV == 8 ? "" : " (--heads: not the standard cases' 32/8)");
-        printf("  cache layout: %s\n", LAYOUT < 0 ? "each backend's preferred (`pagedattn info`)"
-                                    : LAYOUT == PA_LAYOUT_NHD ? "NHD (--layout)" : "HND (--layout)");
+        printf("  cache layout: %s; block tables %s\n",
+               LAYOUT < 0 ? "each backend's preferred (`pagedattn info`)"
+               : LAYOUT == PA_LAYOUT_NHD ? "NHD (--layout)" : "HND (--layout)",
+               IN_ORDER ? "in order (--blocks in-order)" : "shuffled over the pool");
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
         printf("{\n  \"version\": \"%s\",\n  \"optimized_build\": %s,\n  \"load_average\": %.2f,\n"
                "  \"online_cores\": %ld,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n"
-               "  \"cache_layout\": \"%s\",\n  \"limits\": [",
+               "  \"cache_layout\": \"%s\",\n  \"block_tables\": \"%s\",\n  \"limits\": [",
                pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD,
-               LAYOUT < 0 ? "preferred" : LAYOUT == PA_LAYOUT_NHD ? "nhd" : "hnd");
+               LAYOUT < 0 ? "preferred" : LAYOUT == PA_LAYOUT_NHD ? "nhd" : "hnd",
+               IN_ORDER ? "in-order" : "shuffled");
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.7g", lims[i].bf16_gflops);

@@ -636,6 +636,39 @@ class PagedAttnBackend:
                 raise ValueError("%s must be >= 1, got %r" % (n, x))
         return (2, int(num_blocks), int(block_size), int(num_kv_heads), int(head_size))
 
+    def get_kv_cache_stride_order(self, include_num_layers_dimension=False):
+        """How this backend wants the cache laid out in memory, as vLLM's
+        ``AttentionBackend.get_kv_cache_stride_order``: the permutation of
+        :meth:`get_kv_cache_shape`'s dimensions in memory order, outermost first. Allocate the
+        permuted shape contiguously and view it back in the logical order (or use
+        :meth:`new_kv_cache`)::
+
+            order = backend.get_kv_cache_stride_order()
+            phys = np.zeros([shape[i] for i in order], dtype)
+            kv_cache = phys.transpose(np.argsort(order))   # the logical shape, permuted strides
+
+        Every call takes any of these layouts (any strides); this one is the fastest for the
+        backend: the cpu backend's is ``(0, 1, 3, 2, 4)``, each KV head's tokens of a block
+        contiguous (HND); FlashAttention's ``[num_blocks, block_size, num_kv_heads, head_size]``
+        made decode 10-15% slower from memory at block size 16 (bench/NOTES.md, fifteenth pass).
+        include_num_layers_dimension: for a logical ``[num_layers] + shape``, the order with the
+        blocks outermost (each block of every layer contiguous, as vLLM asks for KV transfer).
+        """
+        hnd = int(L.lib.pa_backend_preferred_layout(L.backend_handle(self._name))) == L.PA_LAYOUT_HND
+        inner = (4, 3, 5) if hnd else (3, 4, 5)  # block_size, num_kv_heads, head_size
+        if include_num_layers_dimension:
+            return (2, 0, 1) + inner  # num_blocks, num_layers, K/V, ...
+        return (0, 1) + tuple(i - 1 for i in inner)
+
+    def new_kv_cache(self, num_blocks, block_size, num_kv_heads, head_size, dtype=np.float32):
+        """A zeroed numpy KV cache of :meth:`get_kv_cache_shape` in the order of
+        :meth:`get_kv_cache_stride_order` (a strided view; keys in ``[0]``, values in ``[1]``).
+        dtype: a numpy dtype (``ml_dtypes.bfloat16``; ``np.uint8`` for fp8 caches)."""
+        shape = self.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+        order = self.get_kv_cache_stride_order()
+        phys = np.zeros([shape[i] for i in order], dtype)
+        return phys.transpose(np.argsort(order))
+
     def get_impl_cls(self):
         """The AttentionImpl class bound to this backend."""
         return self._impl_cls

@@ -437,3 +437,63 @@ def test_attn_type_given_to_forward(backend, rng):
                             v[s:s + n].reshape(n, H, D), np.arange(n), scale=0.5, causal=False)
         O.assert_close(out[s:s + n].reshape(n, H, D), ro, np.float32)
         s += n
+
+
+@pytest.mark.parametrize("dtype,kv_cache_dtype", [("bfloat16", "auto"), ("float32", "auto"),
+                                                  ("float16", "fp8")])
+@pytest.mark.parametrize("layers", [False, True])
+def test_kv_cache_stride_order(backend, rng, dtype, kv_cache_dtype, layers):
+    """A cache laid out in get_kv_cache_stride_order's order (alone, or one layer of a
+    [num_layers, ...] allocation with the blocks outermost) gives the same bits as the contiguous
+    FlashAttention layout: outputs of prefill and decode steps, the K/V written, and
+    flash_attn_with_kvcache over its halves."""
+    be = pa.get_attn_backend(backend)
+    dt = DTYPES[dtype]
+    fp8 = kv_cache_dtype != "auto"
+    H, Hkv, D, bs, nb = 8, 2, 64, 16, 20
+    shape = be.get_kv_cache_shape(nb, bs, Hkv, D)
+    order = be.get_kv_cache_stride_order(include_num_layers_dimension=layers)
+    assert sorted(order) == list(range(len(shape) + layers))
+    fill = (lambda s: np.full(s, 0x7F, np.uint8)) if fp8 else \
+        (lambda s: np.full(s, np.nan, np.float32).astype(dt))
+    flat = fill(shape)
+    if layers:
+        full = (3,) + shape
+        all_layers = fill([full[i] for i in order]).transpose(np.argsort(order))
+        # blocks outermost: one block of every layer, K and V, is one contiguous run
+        assert all_layers.strides[2] == max(all_layers.strides)
+        strided = all_layers[1]
+        assert strided.shape == shape
+    else:
+        strided = be.new_kv_cache(nb, bs, Hkv, D, np.uint8 if fp8 else dt)
+        assert strided.shape == shape
+        strided[...] = flat
+    if backend == "cpu":  # HND: a block's tokens of one KV head are adjacent
+        assert strided.strides[2] == D * strided.itemsize
+    impl = be.get_impl_cls()(H, D, 1 / math.sqrt(D), num_kv_heads=Hkv,
+                             kv_cache_dtype=kv_cache_dtype)
+    final = [40, 21, 3]
+    tabs = tables(rng, final, bs, nb)
+    builder = be.make_metadata_builder(bs)
+    for ctx_lens, q_lens in (([0, 0, 0], [37, 20, 3]), ([37, 20, 3], [3, 1, 0])):
+        live = [i for i in range(3) if q_lens[i] > 0]
+        ql = [q_lens[i] for i in live]
+        md = builder.build(seq_lens=[ctx_lens[i] + q_lens[i] for i in live], query_lens=ql,
+                           block_tables=[tabs[i] for i in live])
+        T = sum(ql)
+        q, k, v = (randn(rng, (T, n * D), dt) for n in (H, Hkv, Hkv))
+        want = impl.forward(q, k, v, flat, md, k_scale=0.5, v_scale=0.25)
+        got = impl.forward(q, k, v, strided, md, k_scale=0.5, v_scale=0.25)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(strided).view(np.uint8),
+                                  flat.view(np.uint8))
+    if not fp8:  # the flash call over the caches' halves (a decode of every sequence)
+        q1 = randn(rng, (3, 1, H, D), dt)
+        sl = np.array(final, np.int32)
+        bt = np.array([list(t) + [0] * (3 - len(t)) for t in tabs], np.int32)
+        want = pa.flash_attn_with_kvcache(q1, flat[0], flat[1], cache_seqlens=sl, block_table=bt,
+                                          causal=True, backend=backend)
+        got = pa.flash_attn_with_kvcache(q1, strided[0], strided[1], cache_seqlens=sl,
+                                         block_table=bt, causal=True, backend=backend)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        assert not np.isnan(np.asarray(got, np.float32)).any()

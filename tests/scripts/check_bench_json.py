@@ -13,6 +13,7 @@ case, optimized = sys.argv[1], sys.argv[2] == "1"
 hq, hkv = map(int, (sys.argv[3] if len(sys.argv) > 3 else "32/8").split("/"))
 assert doc["heads"] == {"query": hq, "kv": hkv, "size": 128}, doc["heads"]
 assert doc["cache_layout"] == (sys.argv[4] if len(sys.argv) > 4 else "preferred"), doc["cache_layout"]
+assert doc["block_tables"] == "shuffled", doc["block_tables"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
 assert doc["online_cores"] >= 1
 (lim,) = doc["limits"]
