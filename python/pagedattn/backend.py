@@ -620,6 +620,7 @@ class PagedAttnBackend:
 
     def __init__(self, name):
         self._name = name
+        self._head_sizes = None
         self._impl_cls = type("PagedAttnImpl_" + name, (PagedAttnImpl,), {"backend_name": name})
 
     def get_name(self):
@@ -627,14 +628,40 @@ class PagedAttnBackend:
         return self._name
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size,
+                           cache_dtype_str="auto"):
         """``(2, num_blocks, block_size, num_kv_heads, head_size)``: FlashAttention's layout,
-        keys in ``[0]`` and values in ``[1]``."""
+        keys in ``[0]`` and values in ``[1]``. cache_dtype_str (vLLM's ``kv_cache_dtype``:
+        ``"auto"``, ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ...) does not change the shape:
+        an fp8 cache is that shape of uint8."""
         for n, x in (("num_blocks", num_blocks), ("block_size", block_size),
                      ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
             if int(x) < 1:
                 raise ValueError("%s must be >= 1, got %r" % (n, x))
+        if not isinstance(cache_dtype_str, str):
+            raise ValueError("cache_dtype_str must be a string such as 'auto' or 'fp8', got %r"
+                             % (cache_dtype_str,))
         return (2, int(num_blocks), int(block_size), int(num_kv_heads), int(head_size))
+
+    def supports_head_size(self, head_size):
+        """Whether the backend computes attention with this head size (as vLLM's
+        ``AttentionBackend.supports_head_size``; the library takes 1..512, a backend may take
+        fewer)."""
+        try:
+            h = int(head_size)
+        except (TypeError, ValueError):
+            return False
+        if h < 1 or h > 512 or h != head_size:
+            return False
+        layer = C.Layer(1, 1, h)  # not get_layer: 512 probes would evict the cached layers
+        return L.lib.pa_backend_supports(L.backend_handle(self._name), layer.handle, None, 0) == 0
+
+    def get_supported_head_sizes(self):
+        """Every head size the backend supports, ascending (vLLM's
+        ``get_supported_head_sizes``; here every size from 1 to 512 on the host backends)."""
+        if self._head_sizes is None:
+            self._head_sizes = [h for h in range(1, 513) if self.supports_head_size(h)]
+        return list(self._head_sizes)
 
     def get_kv_cache_stride_order(self, include_num_layers_dimension=False):
         """How this backend wants the cache laid out in memory, as vLLM's

@@ -497,3 +497,34 @@ def test_kv_cache_stride_order(backend, rng, dtype, kv_cache_dtype, layers):
                                          block_table=bt, causal=True, backend=backend)
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
         assert not np.isnan(np.asarray(got, np.float32)).any()
+
+
+def test_head_sizes_and_cache_dtype_str(backend, rng):
+    """supports_head_size / get_supported_head_sizes agree with what forward accepts, and
+    get_kv_cache_shape takes vLLM's cache_dtype_str."""
+    be = pa.get_attn_backend(backend)
+    sizes = be.get_supported_head_sizes()
+    assert sizes == sorted(sizes) and sizes[0] >= 1 and sizes[-1] <= 512
+    for bad in (0, -1, 513, 64.5, "64", None):
+        assert not be.supports_head_size(bad)
+    with pytest.raises(ValueError):
+        pa.get_attn_backend(backend).get_impl_cls()(2, 513, 1.0, 1).forward(
+            np.zeros((1, 2 * 513), np.float32), np.zeros((1, 513), np.float32),
+            np.zeros((1, 513), np.float32), np.zeros((2, 1, 16, 1, 513), np.float32),
+            be.make_metadata_builder(16).build(seq_lens=[1], query_lens=[1], block_tables=[[0]]))
+    for D in (1, 3, 80, 512):
+        assert be.supports_head_size(D) == (D in sizes)
+        if D not in sizes:
+            continue
+        cache = np.full(be.get_kv_cache_shape(2, 16, 1, D, cache_dtype_str="auto"), np.nan,
+                        np.float32)
+        md = be.make_metadata_builder(16).build(seq_lens=[5], query_lens=[5],
+                                                block_tables=[[1]])
+        q, k, v = (randn(rng, (5, n * D), np.float32) for n in (2, 1, 1))
+        out = be.get_impl_cls()(2, D, D ** -0.5, 1).forward(q, k, v, cache, md)
+        ref, _ = O.attention(q.reshape(5, 2, D), k.reshape(5, 1, D), v.reshape(5, 1, D),
+                             np.arange(5), scale=D ** -0.5)
+        O.assert_close(out.reshape(5, 2, D), ref, np.dtype(np.float32))
+    assert be.get_kv_cache_shape(3, 16, 2, 64, "fp8") == be.get_kv_cache_shape(3, 16, 2, 64)
+    with pytest.raises(ValueError):
+        be.get_kv_cache_shape(3, 16, 2, 64, cache_dtype_str=8)
