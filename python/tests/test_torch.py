@@ -106,3 +106,31 @@ def test_torch_fp8_cache_uint8(backend):
     want = O.fp8_encode(key.numpy(), "fp8", 0.5)
     got = kc.reshape(-1, H, D)[:T].numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_torch_cache_in_stride_order(backend):
+    """A torch cache allocated as vLLM does from get_kv_cache_stride_order (the permuted shape,
+    permuted back) gives the same bits as a contiguous one, written and read."""
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, nb = 4, 2, 32, 8, 6
+    shape = be.get_kv_cache_shape(nb, bs, Hkv, D)
+    order = be.get_kv_cache_stride_order()
+    inv = tuple(int(i) for i in np.argsort(order))
+    flat = torch.full(shape, float("nan"), dtype=torch.bfloat16)
+    perm = torch.full([shape[i] for i in order], float("nan"), dtype=torch.bfloat16).permute(*inv)
+    assert perm.shape == flat.shape and (backend != "cpu" or not perm.is_contiguous())
+    g = torch.Generator().manual_seed(1)
+    T = 13
+    key = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16)
+    value = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16)
+    slots = torch.tensor([(5 - i // bs) * bs + i % bs for i in range(T)], dtype=torch.int64)
+    for c in (flat, perm):
+        pa.reshape_and_cache_flash(key, value, c[0], c[1], slots)
+    assert torch.equal(perm.contiguous().view(torch.int16), flat.view(torch.int16))
+    q = torch.randn(1, 2, H, D, generator=g).to(torch.bfloat16)
+    table = torch.tensor([[5, 4]], dtype=torch.int32)
+    sl = torch.tensor([T - 2], dtype=torch.int32)
+    outs = [pa.flash_attn_with_kvcache(q, c[0], c[1], cache_seqlens=sl, block_table=table,
+                                       causal=True, backend=backend) for c in (flat, perm)]
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    assert not torch.isnan(outs[0].float()).any()
