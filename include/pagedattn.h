@@ -432,7 +432,11 @@ PA_API pa_status pa_backend_select(const char *name, const pa_layer *layer,
 PA_API pa_status pa_backend_supports(const pa_backend *backend, const pa_layer *layer,
                                      char *reason, size_t reason_size);
 
-/* A context is an opened backend: its threads, device, stream, workspaces. */
+/* A context is an opened backend: its threads, device, stream, workspaces.
+ * fork(): a cpu context made before a fork keeps working in the child, running its work on the
+ * calling thread alone (its workers are threads of the parent, which a child does not have), and
+ * may be destroyed there; a context created in the child has its own workers. The results are the
+ * same bits either way. (CUDA does not survive a fork: create cuda contexts after it.) */
 typedef struct pa_context pa_context;
 
 /* The most worker threads a context takes (more: INVALID_ARGUMENT; "online cores" is capped). */

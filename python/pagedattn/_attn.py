@@ -25,6 +25,7 @@ skipped or where a per-sequence parameter (ALiBi slopes of shape [batch, num_hea
 """
 
 
+import os
 import threading
 from collections import OrderedDict
 
@@ -285,6 +286,18 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
 
 _groups_cache = OrderedDict()
 _groups_lock = threading.Lock()
+
+
+def _after_fork_in_child():
+    """A forked child: the lock may have been held by a parent thread, and the cached batches'
+    plans belong to the parent's contexts (the child makes its own)."""
+    global _groups_lock
+    _groups_lock = threading.Lock()
+    _groups_cache.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 # Entries kept: an engine's step alternates between at most a few sequence sets (e.g. its
 # prefills and its decodes called apart). Each holds its batches and their plans, whose
 # split-KV partial rows are under 1% of the KV bytes the call reads (32 heads x 130 floats per

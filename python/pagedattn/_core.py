@@ -96,6 +96,15 @@ _layer_cache = OrderedDict()
 _layer_lock = threading.Lock()
 
 
+def _renew_layer_lock():  # a forked child: the lock may have been held by a parent thread
+    global _layer_lock
+    _layer_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_layer_lock)
+
+
 def get_layer(**kw):
     """A cached Layer for these parameters (layers are immutable, so they can be shared)."""
     key = tuple(sorted(kw.items()))

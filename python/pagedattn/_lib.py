@@ -425,14 +425,39 @@ _contexts = {}
 _contexts_lock = threading.Lock()
 
 
+_forked_threads = {}  # in a forked child: the thread counts of the parent's contexts
+_forked_contexts = []  # the parent's contexts, kept (plans made on them may still be referenced)
+
+
 def get_context(name):
     """The one lazily created context of backend `name`."""
     with _contexts_lock:
         ctx = _contexts.get(name)
         if ctx is None:
             ctx = Context(name)
+            n = _forked_threads.pop(name, None)
+            if n is not None:
+                check(lib.pa_context_set_num_threads(ctx.handle, n), "pa_context_set_num_threads")
             _contexts[name] = ctx
         return ctx
+
+
+def _after_fork_in_child():
+    """A forked child has none of the parent's other threads: the contexts' pool workers and
+    any thread that held one of this package's locks. The library runs an inherited context on
+    the calling thread alone; the child gets fresh contexts instead (with the parent's thread
+    counts) and fresh locks."""
+    global _contexts_lock
+    _contexts_lock = threading.Lock()
+    for name, ctx in _contexts.items():
+        if ctx.handle:
+            _forked_threads[name] = int(lib.pa_context_num_threads(ctx.handle))
+        _forked_contexts.append(ctx)
+    _contexts.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Contexts live until the process exits: plans made on a context may be destroyed by the

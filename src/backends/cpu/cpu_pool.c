@@ -1,7 +1,13 @@
 /* cpu_pool.c: a persistent pthread pool. The caller of pa__cpu_pool_run works as thread 0;
  * workers wait for a new generation (spinning briefly, then on a condition variable), take
  * task indices from a shared atomic counter and report completion through another. Which thread
- * runs which task never changes a result: every task writes its own outputs. */
+ * runs which task never changes a result: every task writes its own outputs.
+ *
+ * fork(): the child has only the forking thread, so a pool made before the fork has no workers
+ * there (waiting for them hung the child). A pool remembers the process that made it; in any
+ * other process it runs every task on the calling thread and, when destroyed, joins nothing and
+ * leaves its mutex and condition variable alone (another thread of the parent may have held the
+ * mutex at the fork). */
 #define _GNU_SOURCE
 #include "cpu.h"
 
@@ -21,6 +27,7 @@ struct pa__cpu_pool {
     int64_t n;
     atomic_int_fast64_t next;
     atomic_int busy; /* workers still inside the current job */
+    pid_t pid;       /* the process whose threads the workers are */
 };
 
 typedef struct {
@@ -83,6 +90,7 @@ pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out)
     pa__cpu_pool *p = pa__calloc(1, sizeof *p);
     if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: thread pool");
     p->nthreads = nthreads;
+    p->pid = getpid();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->gen, 0);
@@ -112,16 +120,18 @@ pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out)
 void pa__cpu_pool_destroy(pa__cpu_pool *p)
 {
     if (!p) return;
-    if (p->nthreads > 1) {
-        atomic_store(&p->stop, 1);
-        pthread_mutex_lock(&p->mu);
-        atomic_fetch_add(&p->gen, 1);
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-        for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+    if (getpid() == p->pid) {
+        if (p->nthreads > 1) {
+            atomic_store(&p->stop, 1);
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->gen, 1);
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+        }
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
     }
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
     pa__free(p->threads);
     pa__free(p);
 }
@@ -129,7 +139,7 @@ void pa__cpu_pool_destroy(pa__cpu_pool *p)
 void pa__cpu_pool_run(pa__cpu_pool *p, int64_t n, pa__cpu_task_fn fn, void *arg)
 {
     if (n <= 0) return;
-    if (p->nthreads <= 1 || n == 1) {
+    if (p->nthreads <= 1 || n == 1 || getpid() != p->pid) { /* alone, or a forked child */
         for (int64_t i = 0; i < n; i++) fn(arg, i, 0);
         return;
     }
