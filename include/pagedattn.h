@@ -40,7 +40,10 @@
  * created and destroyed in pairs; destroying NULL does nothing. Layers and batches never
  * change after creation: one may be read by several threads at once (e.g. one batch used by the
  * contexts of several threads). Contexts and plans are used by one thread at a time (a plan
- * belongs to its context). Distinct handles may be used from distinct threads.
+ * belongs to its context). Distinct handles may be used from distinct threads. The rule is
+ * checked: a call that runs work on a context (forward, plan creation, set_num_threads,
+ * synchronize, and cache operations a backend runs itself) while another call on it is running
+ * fails with INVALID_ARGUMENT ("in use") and changes nothing; it does not wait.
  */
 #ifndef PAGEDATTN_H
 #define PAGEDATTN_H

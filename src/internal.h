@@ -242,6 +242,8 @@ struct pa_backend {
 struct pa_context {
     const struct pa_backend *backend;
     void *impl;
+    int busy; /* a call is running on it (the one-thread-at-a-time rule, checked; __atomic builtins:
+               * this header is also read by the cuda backend's C++) */
 };
 
 struct pa_plan {

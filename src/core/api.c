@@ -4,6 +4,29 @@
 
 /* ---- contexts ------------------------------------------------------------------------------ */
 
+/* A context is used by one thread at a time (the header). Two calls on it at once would share its
+ * pool and scratch (wrong outputs, a freed workspace, a hang), so the calls that run work on it
+ * take this flag and the second one fails, changing nothing. Not a lock: nothing waits. */
+static pa_status ctx_enter(pa_context *ctx, const char *what)
+{
+    if (__atomic_exchange_n(&ctx->busy, 1, __ATOMIC_ACQUIRE))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: the context is in use by another call right now (a context is used by one "
+                        "thread at a time; give each thread its own)", what);
+    return PA_STATUS_OK;
+}
+
+static void ctx_leave(pa_context *ctx) { __atomic_store_n(&ctx->busy, 0, __ATOMIC_RELEASE); }
+
+/* r = the backend call, made inside ctx_enter / ctx_leave */
+#define PA__WITH_CTX(ctx, what, r, call)                                                     \
+    do {                                                                                     \
+        if (((r) = ctx_enter((ctx), (what))) == PA_STATUS_OK) {                              \
+            (r) = (call);                                                                    \
+            ctx_leave(ctx);                                                                  \
+        }                                                                                    \
+    } while (0)
+
 pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, pa_context **out)
 {
     if (!b || !out)
@@ -44,7 +67,10 @@ pa_status pa_context_set_num_threads(pa_context *ctx, int32_t n)
     if (n < 0 || n > PA_MAX_THREADS)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_set_num_threads: %d not in [0, %d]", n,
                         PA_MAX_THREADS);
-    return ctx->backend->set_num_threads ? ctx->backend->set_num_threads(ctx->impl, n) : PA_STATUS_OK;
+    if (!ctx->backend->set_num_threads) return PA_STATUS_OK;
+    pa_status s;
+    PA__WITH_CTX(ctx, "pa_context_set_num_threads", s, ctx->backend->set_num_threads(ctx->impl, n));
+    return s;
 }
 
 int32_t pa_context_num_threads(const pa_context *ctx)
@@ -56,16 +82,17 @@ int32_t pa_context_num_threads(const pa_context *ctx)
 pa_status pa_context_synchronize(pa_context *ctx)
 {
     if (!ctx) return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_synchronize: ctx is NULL");
-    return ctx->backend->synchronize ? ctx->backend->synchronize(ctx->impl) : PA_STATUS_OK;
+    if (!ctx->backend->synchronize) return PA_STATUS_OK;
+    pa_status s;
+    PA__WITH_CTX(ctx, "pa_context_synchronize", s, ctx->backend->synchronize(ctx->impl));
+    return s;
 }
 
 /* ---- plans --------------------------------------------------------------------------------- */
 
-pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, pa_plan **out)
+/* pa_plan_create with the context already entered */
+static pa_status plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, pa_plan **out)
 {
-    if (!ctx || !layer || !batch || !out)
-        return pa__fail(PA_STATUS_NULL_POINTER, "pa_plan_create: ctx, layer, batch and out must not be NULL");
-    *out = NULL;
     const struct pa_backend *b = ctx->backend;
     if (b->supports) {
         pa_status s = b->supports(layer);
@@ -87,6 +114,16 @@ pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch 
     }
     *out = p;
     return PA_STATUS_OK;
+}
+
+pa_status pa_plan_create(pa_context *ctx, const pa_layer *layer, const pa_batch *batch, pa_plan **out)
+{
+    if (!ctx || !layer || !batch || !out)
+        return pa__fail(PA_STATUS_NULL_POINTER, "pa_plan_create: ctx, layer, batch and out must not be NULL");
+    *out = NULL;
+    pa_status s;
+    PA__WITH_CTX(ctx, "pa_plan_create", s, plan_create(ctx, layer, batch, out));
+    return s;
 }
 
 void pa_plan_destroy(pa_plan *p)
@@ -236,14 +273,15 @@ pa_status pa_attn_forward(pa_context *ctx, const pa_layer *layer, const pa_batch
     if (ctx->backend->supports && (s = ctx->backend->supports(layer))) return s;
     if (plan && (s = check_plan(ctx, layer, batch, plan))) return s;
     if ((s = check_forward(ctx, layer, batch, args, &r))) return s;
+    if ((s = ctx_enter(ctx, "pa_attn_forward"))) return s;
     pa_plan *tmp = NULL;
-    if (!plan) {
-        if ((s = pa_plan_create(ctx, layer, batch, &tmp))) return s;
-        plan = tmp;
+    if (!plan && (s = plan_create(ctx, layer, batch, &tmp)) == PA_STATUS_OK) plan = tmp;
+    if (plan) {
+        pa__fwd f = {layer, batch, &r, r.k != NULL};
+        s = ctx->backend->forward(ctx->impl, &f, plan->impl);
     }
-    pa__fwd f = {layer, batch, &r, r.k != NULL};
-    s = ctx->backend->forward(ctx->impl, &f, plan->impl);
     pa_plan_destroy(tmp);
+    ctx_leave(ctx);
     return s;
 }
 
@@ -290,9 +328,12 @@ pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype,
     if (dup)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_cache_write: slot %lld appears twice in slot_mapping",
                         (long long)v);
-    if (ctx && ctx->backend->cache_write)
-        return ctx->backend->cache_write(ctx->impl, c, src_dtype, key, k_row_stride, value, v_row_stride,
-                                         slots, n, k_scale, v_scale);
+    if (ctx && ctx->backend->cache_write) {
+        PA__WITH_CTX(ctx, "pa_cache_write", s,
+                     ctx->backend->cache_write(ctx->impl, c, src_dtype, key, k_row_stride, value, v_row_stride,
+                                               slots, n, k_scale, v_scale));
+        return s;
+    }
     pa__cache_write_host(c, src_dtype, key, k_row_stride, value, v_row_stride, slots, n, k_scale, v_scale);
     return PA_STATUS_OK;
 }
@@ -336,8 +377,10 @@ pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, int32_t 
                 return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                                 "%s: block %lld is the destination of pair %lld and the source of pair %lld",
                                 what, (long long)pairs[2 * p + 1], (long long)p, (long long)q);
-    if (ctx && ctx->backend->copy_blocks)
-        return ctx->backend->copy_blocks(ctx->impl, caches, num_layers, pairs, num_pairs);
+    if (ctx && ctx->backend->copy_blocks) {
+        PA__WITH_CTX(ctx, what, s, ctx->backend->copy_blocks(ctx->impl, caches, num_layers, pairs, num_pairs));
+        return s;
+    }
     pa__cache_copy_blocks_host(caches, num_layers, pairs, num_pairs);
     return PA_STATUS_OK;
 }
@@ -366,7 +409,10 @@ pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_ca
         pa__cache_swap_blocks_host(src, dst, pairs, num_pairs);
         return PA_STATUS_OK;
     }
-    if (ctx->backend->swap_blocks) return ctx->backend->swap_blocks(ctx->impl, src, dst, pairs, num_pairs);
+    if (ctx->backend->swap_blocks) {
+        PA__WITH_CTX(ctx, what, s, ctx->backend->swap_blocks(ctx->impl, src, dst, pairs, num_pairs));
+        return s;
+    }
     if ((s = check_memory(ctx, src, what)) || (s = check_memory(ctx, dst, what))) return s;
     pa__cache_swap_blocks_host(src, dst, pairs, num_pairs);
     return PA_STATUS_OK;
@@ -395,7 +441,11 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
     int64_t e;
     if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e))
         return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: size overflows");
-    if (ctx && ctx->backend->merge_states) return ctx->backend->merge_states(ctx->impl, &r);
+    if (ctx && ctx->backend->merge_states) {
+        pa_status s;
+        PA__WITH_CTX(ctx, "pa_merge_states", s, ctx->backend->merge_states(ctx->impl, &r));
+        return s;
+    }
     if (ctx && ctx->backend->memory != PA_MEMORY_HOST)
         return pa__fail(PA_STATUS_UNSUPPORTED, "pa_merge_states: backend %s has no merge", ctx->backend->name);
     pa__merge_states_host(&r);
