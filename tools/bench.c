@@ -481,15 +481,46 @@ typedef struct {
     double tmin, tmed, tmax; /* seconds per layer step */
     double gbs, gflops, tok_s, floor_s, frac;
     const char *bound;
+    double steal_s; /* CPU time the hypervisor gave to others while the case ran; -1: unknown */
 } bresult;
 
+/* Steal time of the whole machine so far, in seconds (Linux: the 8th figure of /proc/stat's
+ * "cpu" line, in clock ticks); -1 where there is none. On a virtual machine it is the time the
+ * host ran something else while this machine's vCPUs had work: what a shared host takes from a
+ * measurement, shown next to it. */
+static double steal_seconds(void)
+{
+    double v = -1;
+#ifdef __linux__
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long x[8];
+    long hz = sysconf(_SC_CLK_TCK);
+    if (f && hz > 0 &&
+        fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &x[0], &x[1], &x[2], &x[3], &x[4], &x[5],
+               &x[6], &x[7]) == 8)
+        v = (double)x[7] / (double)hz;
+    if (f) fclose(f);
+#endif
+    return v;
+}
+
 /* One step = forward over every layer once (writing the new K/V, then attending). */
+/* JSON of a steal time: milliseconds, or null where unknown (static text; one use per printf) */
+static const char *steal_json(double steal_s)
+{
+    static char buf[32];
+    if (steal_s < 0) return "null";
+    snprintf(buf, sizeof buf, "%.7g", steal_s * 1e3);
+    return buf;
+}
+
 static pa_status time_case(bsetup *S, pa_context *ctx, int repeats, bresult *R)
 {
     pa_plan *plan = NULL;
     pa_status st = pa_plan_create(ctx, S->layer, S->batch, &plan);
     if (st) return st;
     double *t = malloc((size_t)(repeats + 1) * sizeof *t);
+    double steal0 = steal_seconds();
     for (int r = -1; r < repeats && !st; r++) {
         double t0 = now_s();
         for (int l = 0; l < S->nlayers && !st; l++) {
@@ -499,6 +530,8 @@ static pa_status time_case(bsetup *S, pa_context *ctx, int repeats, bresult *R)
         double dt = (now_s() - t0) / S->nlayers;
         if (r >= 0) t[r] = dt;
     }
+    double steal1 = steal_seconds();
+    R->steal_s = steal0 >= 0 && steal1 >= steal0 ? steal1 - steal0 : -1;
     pa_plan_destroy(plan);
     if (!st) {
         qsort(t, (size_t)repeats, sizeof *t, cmp_double);
@@ -567,6 +600,8 @@ static void usage(FILE *f)
             "  --json           machine-readable output on stdout\n"
             "Cases: 32 query / 8 KV heads x 128 (or --heads), block 16, the backend's preferred cache\n"
             "layout (or --layout), shuffled block tables (or --blocks).\n"
+            "A row during which the hypervisor ran other work on this machine's cores (steal time,\n"
+            "Linux) is followed by a note: its figures are disturbed (--json: steal_ms).\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
             "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
@@ -809,7 +844,7 @@ int pa_tool_bench(int argc, char **argv)
                 continue;
             }
             for (int ti = 0; ti < nthreads; ti++) {
-                bresult R = {pa_backend_name(bes[bi]), threads[ti], 0, 0, 0, 0, 0, 0, 0, 0, ""};
+                bresult R = {pa_backend_name(bes[bi]), threads[ti], 0, 0, 0, 0, 0, 0, 0, 0, "", -1};
                 progress("%s: %s, %d thread(s), %d repeats", R.backend, cs[ci].name, threads[ti], repeats);
                 pa_context_set_num_threads(ctx, threads[ti]);
                 R.threads = pa_context_num_threads(ctx);
@@ -832,14 +867,19 @@ int pa_tool_bench(int argc, char **argv)
                     printf("%s\n    {\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"layers\": %d, "
                            "\"min_ms\": %.7g, \"median_ms\": %.7g, \"max_ms\": %.7g, \"kv_gbs\": %.7g, "
                            "\"gflops\": %.7g, \"tokens_per_s\": %.7g, \"bound\": \"%s\", \"floor_ms\": %.7g, "
-                           "\"fraction\": %.7g}",
+                           "\"fraction\": %.7g, \"steal_ms\": %s}",
                            nres ? "," : "", cs[ci].name, R.backend, R.threads, S.nlayers, R.tmin * 1e3,
                            R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, R.floor_s * 1e3,
-                           R.frac);
+                           R.frac, steal_json(R.steal_s));
                 } else {
                     printf("%-40s %-9s %3d %9.3f %9.3f %9.3f %8.2f %8.2f %10.1f %-8s %5.0f%%\n", cs[ci].name,
                            R.backend, R.threads, R.tmin * 1e3, R.tmed * 1e3, R.tmax * 1e3, R.gbs,
                            R.gflops, R.tok_s, R.bound, R.frac * 100);
+                    /* more than a tick (10 ms at USER_HZ 100) per repeat: the host took the cores */
+                    if (R.steal_s > 0.01 * (reps + 1))
+                        printf("  note: the hypervisor ran other work for %.2f s of CPU time during the row above "
+                               "(steal time): its figures are disturbed\n",
+                               R.steal_s);
                     fflush(stdout);
                 }
                 nres++;

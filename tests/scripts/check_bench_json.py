@@ -21,6 +21,10 @@ assert lim["threads"] == 1 and lim["read_gbs"] > 0 and lim["fma_gflops"] > 0, li
 (res,) = doc["results"]
 assert res["case"] == case and res["backend"] == "cpu" and res["threads"] == 1, res
 assert 0 < res["min_ms"] <= res["median_ms"] <= res["max_ms"], res
+# steal time (Linux /proc/stat): what the hypervisor took during the case, or null elsewhere
+assert res["steal_ms"] is None or (math.isfinite(res["steal_ms"]) and res["steal_ms"] >= 0), res
+if sys.platform.startswith("linux"):
+    assert res["steal_ms"] is not None, res
 for key in ("kv_gbs", "gflops", "tokens_per_s", "floor_ms", "fraction"):
     assert math.isfinite(res[key]) and res[key] > 0, (key, res[key])
 # the fraction is the floor over the median; the floor is the larger roofline time (KV bytes over
