@@ -32,7 +32,9 @@ def _cache_kind(v, kv_cache_dtype, name):
 
 
 def _to_flash(key_cache, value_cache, blocks):
-    """Compact flash-layout copies [len(blocks), block_size, H, D] of the given blocks."""
+    """Compact copies of the given blocks, shaped [len(blocks), block_size, H, D] (the flash
+    layout's shape) over HND memory, which the cpu backend reads fastest (bench/NOTES.md,
+    fifteenth pass); the copy itself costs the same either way."""
     kn, _ = _np(key_cache, "key_cache")
     vn, _ = _np(value_cache, "value_cache")
     if kn.ndim != 5 or vn.ndim != 4:
@@ -42,9 +44,10 @@ def _to_flash(key_cache, value_cache, blocks):
     nb, h, dx, bs, x = kn.shape
     if vn.shape != (nb, h, dx * x, bs):
         raise ValueError("value_cache shape %s does not match key_cache %s" % (vn.shape, kn.shape))
-    k = kn[blocks].transpose(0, 3, 1, 2, 4).reshape(len(blocks), bs, h, dx * x)
-    v = vn[blocks].transpose(0, 3, 1, 2)
-    return np.ascontiguousarray(k), np.ascontiguousarray(v)
+    k = np.ascontiguousarray(kn[blocks].transpose(0, 1, 3, 2, 4))
+    k = k.reshape(len(blocks), h, bs, dx * x)
+    v = np.ascontiguousarray(vn[blocks].transpose(0, 1, 3, 2))
+    return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def paged_attention_v1(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables,
