@@ -287,6 +287,12 @@ def run(q, out, lse, src, seqs, *, causal, window, scale, softcap, alibi, sinks,
 _groups_cache = OrderedDict()
 _groups_lock = threading.Lock()
 
+# Entries kept: an engine's step alternates between at most a few sequence sets (e.g. its
+# prefills and its decodes called apart). Each holds its batches and their plans, whose
+# split-KV partial rows are under 1% of the KV bytes the call reads (32 heads x 130 floats per
+# 512-key chunk), so this bounds what stays allocated between calls.
+_GROUPS_CACHED = 4
+
 
 def _after_fork_in_child():
     """A forked child: the lock may have been held by a parent thread, and the cached batches'
@@ -298,11 +304,6 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-# Entries kept: an engine's step alternates between at most a few sequence sets (e.g. its
-# prefills and its decodes called apart). Each holds its batches and their plans, whose
-# split-KV partial rows are under 1% of the KV bytes the call reads (32 heads x 130 floats per
-# 512-key chunk), so this bounds what stays allocated between calls.
-_GROUPS_CACHED = 4
 
 
 def _groups_key(seqs, attn_type, per_seq_alibi, src, new_kv):

@@ -682,10 +682,9 @@ class PagedAttnBackend:
         blocks outermost (each block of every layer contiguous, as vLLM asks for KV transfer).
         """
         hnd = int(L.lib.pa_backend_preferred_layout(L.backend_handle(self._name))) == L.PA_LAYOUT_HND
-        inner = (4, 3, 5) if hnd else (3, 4, 5)  # block_size, num_kv_heads, head_size
-        if include_num_layers_dimension:
-            return (2, 0, 1) + inner  # num_blocks, num_layers, K/V, ...
-        return (0, 1) + tuple(i - 1 for i in inner)
+        if include_num_layers_dimension:  # [num_layers, 2, num_blocks, block_size, kv_heads, D]
+            return (2, 0, 1, 4, 3, 5) if hnd else (2, 0, 1, 3, 4, 5)
+        return (0, 1, 3, 2, 4) if hnd else (0, 1, 2, 3, 4)
 
     def new_kv_cache(self, num_blocks, block_size, num_kv_heads, head_size, dtype=np.float32):
         """A zeroed numpy KV cache of :meth:`get_kv_cache_shape` in the order of
