@@ -13,6 +13,7 @@ pagedattn.
 import ctypes
 import os
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -86,13 +87,17 @@ class PagedAttnMetadata:
     ``query_start_loc``, ``seq_start_loc``, ``block_tables``, ``max_query_len``,
     ``max_prefill_seq_len``, ``max_decode_seq_len``, ``max_decode_query_len``, ``block_size``;
     encoder-decoder: ``encoder_seq_lens``, ``encoder_seq_lens_tensor``, ``max_encoder_seq_len``,
-    ``num_encoder_tokens``, ``cross_slot_mapping``, ``cross_block_tables``.
+    ``num_encoder_tokens``, ``cross_slot_mapping``, ``cross_block_tables``; vLLM v1's
+    ``causal`` (False is for encoder-only and cross layers; a decoder layer refuses it).
     The library batch is created on first use, when the pool size (from the kv_cache) is known.
     """
 
     def __init__(self, block_size, seqs, slot_mapping=None, cross_slot_mapping=None,
-                 num_blocks=None):
+                 num_blocks=None, causal=True):
         self.block_size = int(block_size)
+        # vLLM v1's flag: False for attention that is not causal over the step (encoder-only
+        # and cross layers); a decoder layer given causal=False metadata raises
+        self.causal = bool(causal)
         self._seqs = seqs
         self._slot_mapping = slot_mapping
         self._cross_slot_mapping = cross_slot_mapping
@@ -180,7 +185,8 @@ class PagedAttnMetadata:
         if self._cross_slot_mapping is not None:
             e = np.concatenate([[0], np.cumsum([s.get("encoder_len", 0) for s in self._seqs])])
             csm = self._cross_slot_mapping[e[a]:e[b]]
-        return PagedAttnMetadata(self.block_size, self._seqs[a:b], sm, csm, self._num_blocks)
+        return PagedAttnMetadata(self.block_size, self._seqs[a:b], sm, csm, self._num_blocks,
+                                 self.causal)
 
     def batch(self, num_blocks, num_cross_blocks=0, encoder_self=False, encoder_only=False):
         """The library batch for a pool of num_blocks blocks (created once, then reused).
@@ -252,7 +258,7 @@ class PagedAttnMetadataBuilder:
 
     def build(self, seq_lens, query_lens=None, block_tables=None, context_lens=None,
               num_prefills=None, encoder_seq_lens=None, cross_block_tables=None,
-              slot_mapping=None, cross_slot_mapping=None):
+              slot_mapping=None, cross_slot_mapping=None, causal=True):
         """Build the metadata of one step.
 
         Args:
@@ -269,6 +275,7 @@ class PagedAttnMetadataBuilder:
             slot_mapping, cross_slot_mapping: explicit int64 slots (-1 = skip); default derived
                 from the block tables (``table[pos // block_size] * block_size + pos %
                 block_size``).
+            causal: vLLM v1's flag (see :class:`PagedAttnMetadata`).
         """
         sl = [int(x) for x in _list(seq_lens)]
         n = len(sl)
@@ -328,7 +335,7 @@ class PagedAttnMetadataBuilder:
             raise ValueError("slot_mapping has %d entries for %d tokens" % (sm.size, sum(ql)))
         csm = (A.to_np(cross_slot_mapping, np.int64, "cross_slot_mapping", 1)
                if cross_slot_mapping is not None else None)
-        return PagedAttnMetadata(self.block_size, seqs, sm, csm)
+        return PagedAttnMetadata(self.block_size, seqs, sm, csm, causal=causal)
 
 
 def _list(x):
@@ -382,7 +389,12 @@ class PagedAttnImpl:
 
     ``impl_cls(num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
     sliding_window=None, kv_cache_dtype="auto", blocksparse_params=None, logits_soft_cap=None,
-    attn_type="decoder")``; extra keyword ``sinks`` (per-head sink logits) and ``backend``.
+    attn_type="decoder")``; extra keywords ``sinks`` (per-head sink logits), ``backend`` and
+    ``kv_sharing_target_layer_name`` (not None: the layer reads another layer's cache and
+    writes nothing into it). The positional arguments after ``kv_cache_dtype`` may also come in
+    vLLM v1's order, ``logits_soft_cap, attn_type, kv_sharing_target_layer_name``: told apart
+    by type (blocksparse parameters are a dict or None, a soft cap is a number or None, an
+    attention type is a string).
     ``blocksparse_params`` takes vLLM's keys (max_seqlen, num_heads, num_kv_heads, block_size,
     local_blocks, vert_stride, homo_head, homo_head_group) plus optional ``tp_rank`` and
     ``tp_size`` (tensor parallelism: num_heads are this rank's heads) and ``head_sliding_step``
@@ -393,8 +405,14 @@ class PagedAttnImpl:
     backend_name = None
 
     def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
-                 sliding_window=None, kv_cache_dtype="auto", blocksparse_params=None,
-                 logits_soft_cap=None, attn_type="decoder", sinks=None, backend=None, **unused):
+                 sliding_window=None, kv_cache_dtype="auto", *positional, blocksparse_params=None,
+                 logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
+                 sinks=None, backend=None, **unused):
+        if positional:
+            blocksparse_params, logits_soft_cap, attn_type, kv_sharing_target_layer_name = \
+                _impl_positional(positional, blocksparse_params, logits_soft_cap, attn_type,
+                                 kv_sharing_target_layer_name)
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.num_heads = int(num_heads)
         self.head_size = int(head_size)
         self.scale = float(scale)
@@ -441,12 +459,28 @@ class PagedAttnImpl:
                            out_dtype=out_dtype, cache_dtype=cache_dtype, k_scale=k_scale,
                            v_scale=v_scale)
 
-    def forward(self, query, key, value, kv_cache, attn_metadata, k_scale=1.0, v_scale=1.0,
-                output=None, attn_type=None):
+    def forward(self, *args, **kwargs):
         """One layer of one step: writes the new K/V into ``kv_cache`` (by the metadata's slot
         mapping, or its cross slot mapping for cross-attention) and attends.
 
-        Args:
+        Two call forms, as vLLM's own changed:
+
+        * ``forward(query, key, value, kv_cache, attn_metadata, k_scale=1.0, v_scale=1.0,
+          output=None, attn_type=None)`` (vLLM <= 0.6);
+        * ``forward(layer, query, key, value, kv_cache, attn_metadata, output=None,
+          output_scale=None, output_block_scale=None)`` (vLLM >= 0.7 and v1): told apart by the
+          first argument, which is not an array. The fp8 scales come from the layer
+          (``layer._k_scale_float``, else ``layer._k_scale``; likewise v). ``attn_metadata``
+          may be a :class:`PagedAttnMetadata` or vLLM v1's (``FlashAttentionMetadata`` or any
+          object with its fields ``query_start_loc``, ``seq_lens``, ``block_table``,
+          ``slot_mapping``, ``num_actual_tokens``, ``causal``): requests in any order, padding
+          requests of no tokens and query/output rows past ``num_actual_tokens`` (left
+          untouched) allowed; converted once per distinct content (``use_cascade`` needs no
+          special case: the tables and lengths are complete). ``None`` is vLLM's profiling run:
+          the output is returned untouched. ``output_scale`` (fused output quantization) is
+          not supported (NotImplementedError).
+
+        Args (first form):
             query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
                 head_size]``).
             key, value: ``[num_tokens, num_kv_heads * head_size]`` (encoder tokens for
@@ -461,8 +495,41 @@ class PagedAttnImpl:
                 it to forward).
 
         Returns:
-            the output ``[num_tokens, num_heads * head_size]`` in query's dtype.
+            the output ``[num_tokens, num_heads * head_size]`` in query's dtype (the second
+            form: ``output`` when given).
         """
+        if "layer" in kwargs or (args and args[0] is not None and not _is_array(args[0])):
+            return self._forward_layer(*args, **kwargs)
+        return self._forward(*args, **kwargs)
+
+    def _forward_layer(self, layer, query, key, value, kv_cache, attn_metadata, output=None,
+                       output_scale=None, output_block_scale=None):
+        """The second form of :meth:`forward`."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization (output_scale, "
+                                      "output_block_scale) is not supported")
+        ks, vs = _layer_scale(layer, "k"), _layer_scale(layer, "v")
+        md = attn_metadata
+        if md is None:  # vLLM's profiling run: nothing to attend, nothing written
+            return output
+        if not isinstance(md, PagedAttnMetadata):
+            if self.attn_type not in (L.PA_ATTN_DECODER, L.PA_ATTN_ENCODER_ONLY):
+                raise NotImplementedError("encoder and cross-attention layers need a "
+                                          "PagedAttnMetadata (from the backend's builder)")
+            bs = 1
+            if kv_cache is not None and len(getattr(kv_cache, "shape", ())) == 5:
+                bs = int(kv_cache.shape[2])
+            md = _v1_metadata(md, bs)
+        n = md.num_encoder_tokens if self.attn_type == L.PA_ATTN_ENCODER else md.num_tokens
+        if self.kv_sharing_target_layer_name is not None and self.attn_type == L.PA_ATTN_DECODER:
+            key = value = None  # the cache belongs to another layer, which wrote these
+        out = self._forward(_leading(query, n), _leading(key, n), _leading(value, n), kv_cache,
+                            md, k_scale=ks, v_scale=vs, output=_leading(output, n))
+        return out if output is None else output
+
+    def _forward(self, query, key, value, kv_cache, attn_metadata, k_scale=1.0, v_scale=1.0,
+                 output=None, attn_type=None):
+        """The first form of :meth:`forward`."""
         # vLLM <= 0.6 passes the type to forward; later versions give it to the constructor
         at = self.attn_type if attn_type is None else _attn_type_code(attn_type)
         md = attn_metadata
@@ -481,6 +548,9 @@ class PagedAttnImpl:
             vv = _heads_view(value, A.float_view(value, "value"), Hkv, D, "value")
             if kv.kind != vv.kind or kv.shape != vv.shape:
                 raise ValueError("key and value must have the same shape and dtype")
+        if at == L.PA_ATTN_DECODER and not md.causal:
+            raise NotImplementedError("a decoder layer attends causally; this metadata says "
+                                      "causal=False")
         if at == L.PA_ATTN_ENCODER:
             expect = md.num_encoder_tokens
         else:
@@ -580,6 +650,100 @@ class PagedAttnImpl:
                   softcap=self.logits_soft_cap, alibi=self.alibi_slopes, sinks=self.sinks,
                   cache_dtype=kv.kind, k_scale=1.0, v_scale=1.0, backend=self.backend)
         return out_obj
+
+
+def _impl_positional(args, blocksparse_params, logits_soft_cap, attn_type, kv_sharing):
+    """The impl's positional arguments after kv_cache_dtype, in vLLM <= 0.9's order
+    (blocksparse_params, logits_soft_cap, attn_type) or vLLM v1's (logits_soft_cap, attn_type,
+    kv_sharing_target_layer_name)."""
+    if len(args) > 3:
+        raise TypeError("PagedAttnImpl takes at most 10 positional arguments (%d given)"
+                        % (7 + len(args)))
+
+    def number(x):
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+    v1 = number(args[0]) or (args[0] is None and len(args) > 1 and args[1] is not None and
+                             not number(args[1]))
+    names = (("logits_soft_cap", "attn_type", "kv_sharing_target_layer_name") if v1 else
+             ("blocksparse_params", "logits_soft_cap", "attn_type"))
+    vals = {"blocksparse_params": blocksparse_params, "logits_soft_cap": logits_soft_cap,
+            "attn_type": attn_type, "kv_sharing_target_layer_name": kv_sharing}
+    for name, x in zip(names, args):
+        vals[name] = x
+    return (vals["blocksparse_params"], vals["logits_soft_cap"], vals["attn_type"],
+            vals["kv_sharing_target_layer_name"])
+
+
+def _is_array(x):
+    return isinstance(x, np.ndarray) or A.is_torch(x)
+
+
+def _layer_scale(layer, which):
+    """vLLM's layer scale: ``_k_scale_float`` (vLLM >= 0.8), else ``_k_scale`` (a number or a
+    one-element tensor), else 1."""
+    x = getattr(layer, "_%s_scale_float" % which, None)
+    if x is None:
+        x = getattr(layer, "_%s_scale" % which, 1.0)
+    return A.scalar(x, "layer._%s_scale" % which)
+
+
+def _leading(x, n):
+    """The first n rows of x (vLLM v1 pads its token arrays past the real tokens)."""
+    if x is None or len(x.shape) == 0 or x.shape[0] <= n:
+        return x
+    return x[:n]
+
+
+_V1_FIELDS = ("query_start_loc", "seq_lens", "block_table", "block_table_tensor",
+              "slot_mapping", "num_actual_tokens", "causal")
+_v1_cache = OrderedDict()
+_v1_lock = threading.Lock()
+
+
+def _after_fork_in_child():
+    """A forked child: the lock may have been held by a parent thread."""
+    global _v1_lock
+    _v1_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _v1_metadata(m, block_size):
+    """PagedAttnMetadata of vLLM v1-style metadata (an object or a dict with its fields), made
+    once per content: every layer of a step passes the same metadata, and the conversion walks
+    every request, while the key is a copy of its arrays."""
+    get = m.get if isinstance(m, dict) else (lambda k, d=None: getattr(m, k, d))
+    fields = {k: get(k) for k in _V1_FIELDS}
+    if fields["query_start_loc"] is None or fields["seq_lens"] is None:
+        raise TypeError("attn_metadata must be a PagedAttnMetadata or carry vLLM v1's fields "
+                        "query_start_loc and seq_lens, got %s" % type(m).__name__)
+    if fields["causal"] is None:
+        fields["causal"] = True
+    key = [block_size]
+    for k in _V1_FIELDS:
+        x = fields[k]
+        if x is None or isinstance(x, (bool, int, np.integer)):
+            key.append(x if x is None else int(x))
+        else:
+            if A.is_torch(x):
+                x = x.detach().cpu().numpy()
+            a = np.asarray(x)
+            key.append((a.dtype.str, a.shape, a.tobytes()))
+    key = tuple(key)
+    with _v1_lock:
+        md = _v1_cache.get(key)
+        if md is not None:
+            _v1_cache.move_to_end(key)
+            return md
+    md = _metadata_from_vllm_fields(block_size=block_size, **fields)
+    with _v1_lock:
+        _v1_cache[key] = md
+        while len(_v1_cache) > 4:
+            _v1_cache.popitem(last=False)
+    return md
 
 
 def _heads_view(x, v, heads, D, name, output=False):
@@ -766,7 +930,10 @@ _VLLM_FIELDS = ("seq_lens_tensor", "num_prefill_tokens", "num_decode_tokens",
                 "context_lens_tensor", "max_prefill_seq_len", "max_decode_seq_len",
                 "encoder_seq_lens_tensor", "num_encoder_tokens", "max_encoder_seq_len",
                 "multi_modal_placeholder_index_maps", "enable_kv_scales_calculation",
-                "use_cuda_graph", "max_query_len", "query_start_loc", "seq_start_loc")
+                "use_cuda_graph", "max_query_len", "query_start_loc", "seq_start_loc",
+                # vLLM v1 (FlashAttentionMetadata, CommonAttentionMetadata)
+                "num_actual_tokens", "block_table", "block_table_tensor", "max_seq_len",
+                "use_cascade", "common_prefix_len")
 
 
 def _opt_list(x):
@@ -779,15 +946,43 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
                                seq_lens_tensor=None, context_lens_tensor=None, block_tables=None,
                                slot_mapping=None, encoder_seq_lens=None,
                                encoder_seq_lens_tensor=None, cross_block_tables=None,
-                               cross_slot_mapping=None, num_decode_tokens=None, **ignored):
+                               cross_slot_mapping=None, num_decode_tokens=None,
+                               query_start_loc=None, block_table=None, block_table_tensor=None,
+                               num_actual_tokens=None, causal=True, **ignored):
     sl = _opt_list(seq_lens) if seq_lens is not None else _opt_list(seq_lens_tensor)
     if sl is None:
         raise ValueError("vLLM-style metadata needs seq_lens or seq_lens_tensor")
+    if block_tables is None:  # vLLM v1's names
+        block_tables = block_table if block_table is not None else block_table_tensor
+    qsl = _opt_list(query_start_loc)
     n = len(sl)
+    ctx = _opt_list(context_lens_tensor)
+    if (ctx is None or len(ctx) != n) and qsl is not None and num_prefills is None:
+        # vLLM v1: no prefill/decode split; every request's new tokens are given by the query
+        # start locations (sequences in any order; a request may be a padding entry of no
+        # tokens, which is left out)
+        n = min(n, len(qsl) - 1)
+        if n < 1 or qsl[0] != 0:
+            raise ValueError("query_start_loc must hold num_reqs + 1 offsets from 0")
+        ql = [qsl[i + 1] - qsl[i] for i in range(n)]
+        keep = [i for i in range(n) if ql[i] != 0 or sl[i] != 0]
+        if not keep:
+            raise ValueError("the metadata holds no tokens")
+        if num_actual_tokens is not None and int(num_actual_tokens) != qsl[n] - qsl[0]:
+            raise ValueError("num_actual_tokens %d differs from the %d tokens of query_start_loc"
+                             % (int(num_actual_tokens), qsl[n] - qsl[0]))
+        slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)[:qsl[n] - qsl[0]]
+                 if slot_mapping is not None else None)
+        rows = _rows(block_tables, len(sl), "block_tables") if block_tables is not None and \
+            np.asarray(_list(block_tables)).size else None
+        bs = int(block_size)
+        b = PagedAttnMetadataBuilder(bs)
+        return b.build(seq_lens=[sl[i] for i in keep], query_lens=[ql[i] for i in keep],
+                       block_tables=None if rows is None else [rows[i] for i in keep],
+                       slot_mapping=slots, causal=causal)
     if num_prefills is None:
         num_prefills = 0 if num_decode_tokens else n
     num_prefills = int(num_prefills)
-    ctx = _opt_list(context_lens_tensor)
     if ctx is None or len(ctx) != n:
         ctx = [0 if i < num_prefills else sl[i] - 1 for i in range(n)]
     ql = [s - c for s, c in zip(sl, ctx)]
@@ -819,7 +1014,7 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
                    block_tables=None if all(t is None for t in tables) else
                    [t if t is not None else [] for t in tables],
                    num_prefills=num_prefills, encoder_seq_lens=enc, cross_block_tables=ctabs,
-                   slot_mapping=slots, cross_slot_mapping=cross_slot_mapping)
+                   slot_mapping=slots, cross_slot_mapping=cross_slot_mapping, causal=causal)
 
 
 def _kv_halves(v):

@@ -134,3 +134,45 @@ def test_torch_cache_in_stride_order(backend):
                                        causal=True, backend=backend) for c in (flat, perm)]
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
     assert not torch.isnan(outs[0].float()).any()
+
+
+def test_torch_v1_layer_form(backend):
+    """vLLM v1's call: forward(layer, ...) with torch metadata, a tensor scale on the layer and
+    padded rows; the same bits as the numpy arrays of the same step."""
+    import types
+    be = pa.get_attn_backend(backend)
+    g = torch.Generator().manual_seed(1)
+    H, Hkv, D, bs, nb = 4, 2, 32, 8, 12
+    kv = torch.full(tuple(be.get_kv_cache_shape(nb, bs, Hkv, D)), 0x7F, dtype=torch.uint8)
+    impl = be.get_impl_cls()(H, D, 0.25, Hkv, None, None, "fp8", None, "decoder", None)
+    seq_lens = [9, 5]  # a decode of 1 token (its context written first), a prefill of 5
+    table = torch.tensor([[3, 7, 0], [10, 0, 0], [0, 0, 0]], dtype=torch.int32)  # + a padding row
+    pos0 = torch.arange(8)
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(0.5), _v_scale=torch.tensor(0.25))
+    ctx_k, ctx_v = torch.randn(8, Hkv, D, generator=g), torch.randn(8, Hkv, D, generator=g)
+    pa.reshape_and_cache_flash(ctx_k, ctx_v, kv[0], kv[1],
+                               (table[0, pos0 // bs] * bs + pos0 % bs).long(),
+                               kv_cache_dtype="fp8", k_scale=0.5, v_scale=0.25)
+    # the decode's token 8 goes to block table[0][1] = 7, offset 0; the prefill's to block 10
+    slots = torch.tensor([7 * bs] + [10 * bs + i for i in range(5)] + [-1, -1],
+                         dtype=torch.int64)
+    md = types.SimpleNamespace(num_actual_tokens=6, query_start_loc=torch.tensor([0, 1, 6, 6],
+                               dtype=torch.int32), seq_lens=torch.tensor(seq_lens + [0],
+                               dtype=torch.int32), block_table=table, slot_mapping=slots,
+                               causal=True)
+    q = torch.randn(8, H, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(8, Hkv, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(8, Hkv, D, generator=g).to(torch.bfloat16)
+    out = torch.full((8, H, D), 5.0, dtype=torch.bfloat16)
+    kv_np = kv.numpy().copy()
+    assert impl.forward(layer, q, k, v, kv, md, output=out) is out
+    assert bool((out[6:] == 5.0).all())
+    nmd = dict(num_actual_tokens=6, query_start_loc=md.query_start_loc.numpy(),
+               seq_lens=md.seq_lens.numpy(), block_table=table.numpy(),
+               slot_mapping=slots.numpy(), causal=True)
+    f = lambda t: t.view(torch.int16).numpy().view(O.BF16)  # noqa: E731
+    out_np = np.empty((6, H, D), O.BF16)
+    impl.forward(types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=0.25), f(q), f(k),
+                 f(v), kv_np, nmd, output=out_np)
+    np.testing.assert_array_equal(f(out[:6]), out_np)
+    np.testing.assert_array_equal(kv.numpy(), kv_np)

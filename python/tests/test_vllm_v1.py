@@ -1,0 +1,236 @@
+"""vLLM >= 0.7 / v1 calling conventions of the backend layer: ``impl.forward(layer, ...)`` with
+the scales on the layer, vLLM v1's metadata fields (requests in any order, padding requests and
+padded token rows), and the v1 constructor's positional order. Checked against the oracle and
+against the first call form, bit for bit."""
+
+import dataclasses
+import math
+import types
+
+import numpy as np
+import pytest
+
+import oracle as O
+import pagedattn as pa
+from util import randn, tables
+
+H, HKV, D, BS, NB = 8, 2, 32, 8, 40
+
+
+@dataclasses.dataclass
+class V1Metadata:
+    """The fields of vLLM v1's FlashAttentionMetadata that attention reads."""
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: np.ndarray
+    max_seq_len: int
+    seq_lens: np.ndarray
+    block_table: np.ndarray
+    slot_mapping: np.ndarray
+    use_cascade: bool = False
+    common_prefix_len: int = 0
+    causal: bool = True
+
+
+def _layer(k_scale=1.0, v_scale=1.0, floats=True):
+    if floats:
+        return types.SimpleNamespace(_k_scale_float=k_scale, _v_scale_float=v_scale,
+                                     _k_scale=np.float32(k_scale), _v_scale=np.float32(v_scale))
+    return types.SimpleNamespace(_k_scale=np.array([k_scale], np.float32),
+                                 _v_scale=np.array([v_scale], np.float32))
+
+
+def _step(rng, be, dt, fp8, ctx_lens, q_lens, pad_reqs=1, pad_tokens=5):
+    """A cache holding each request's context, and a v1 metadata + inputs for the step."""
+    shape = be.get_kv_cache_shape(NB, BS, HKV, D)
+    cache = np.full(shape, 0x7F, np.uint8) if fp8 else np.full(shape, np.nan, np.float32).astype(dt)
+    seq = [c + q for c, q in zip(ctx_lens, q_lens)]
+    tabs = tables(rng, seq, BS, NB)
+    ks, vs = (0.5, 0.25) if fp8 else (1.0, 1.0)
+    for t, c in zip(tabs, ctx_lens):
+        pos = np.arange(c)
+        for half, sc in ((0, ks), (1, vs)):
+            x = rng.standard_normal((c, HKV, D)).astype(np.float32)
+            cache[half][t[pos // BS], pos % BS] = O.fp8_encode(x, "fp8", sc) if fp8 else x.astype(dt)
+    T = sum(q_lens)
+    n_req = len(q_lens)
+    qsl = np.zeros(n_req + pad_reqs + 1, np.int32)
+    qsl[1:n_req + 1] = np.cumsum(q_lens)
+    qsl[n_req + 1:] = T  # padding requests: no tokens
+    width = max(len(t) for t in tabs) + 2
+    bt = np.zeros((n_req + pad_reqs, width), np.int32)
+    for i, t in enumerate(tabs):
+        bt[i, :len(t)] = t
+    slots = []
+    for t, c, q in zip(tabs, ctx_lens, q_lens):
+        pos = c + np.arange(q)
+        slots.extend((t[pos // BS].astype(np.int64) * BS + pos % BS).tolist())
+    slot_mapping = np.array(slots + [-1] * pad_tokens, np.int64)
+    md = V1Metadata(num_actual_tokens=T, max_query_len=max(q_lens), query_start_loc=qsl,
+                    max_seq_len=max(seq), seq_lens=np.array(seq + [0] * pad_reqs, np.int32),
+                    block_table=bt, slot_mapping=slot_mapping)
+    q = randn(rng, (T + pad_tokens, H, D), dt)
+    q[T:] = np.nan  # padding rows: never read
+    k = randn(rng, (T + pad_tokens, HKV, D), dt)
+    v = randn(rng, (T + pad_tokens, HKV, D), dt)
+    return cache, tabs, md, q, k, v, (ks, vs)
+
+
+def _oracle(q, cache, tabs, ctx_lens, q_lens, fp8, ks, vs, scale, **kw):
+    out, s = [], 0
+    kind = "fp8" if fp8 else "auto"
+    for t, c, n in zip(tabs, ctx_lens, q_lens):
+        K = O.gather(cache[0], t, c + n, kind, ks)
+        V = O.gather(cache[1], t, c + n, kind, vs)
+        o, _ = O.attention(q[s:s + n], K, V, c + np.arange(n), scale=scale, **kw)
+        out.append(o)
+        s += n
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("dtype,fp8", [("float16", False), ("bfloat16", False),
+                                       ("float32", True)])
+def test_v1_metadata_mixed_order_padded(backend, rng, dtype, fp8):
+    """A decode first, then a prefill chunk, a speculative decode and a plain prefill, a padding
+    request and padded token rows, as vLLM v1 lays a step out: output rows of real tokens match
+    the oracle, padded rows stay as they were, the new K/V are in the cache."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(dtype) if dtype != "bfloat16" else O.BF16
+    ctx_lens, q_lens = [37, 0, 20, 0], [1, 13, 3, 6]
+    cache, tabs, md, q, k, v, (ks, vs) = _step(rng, be, dt, fp8, ctx_lens, q_lens)
+    scale = 1 / math.sqrt(D)
+    impl = be.get_impl_cls()(H, D, scale, HKV, None, None, "fp8" if fp8 else "auto", None,
+                             "decoder", None)
+    T = sum(q_lens)
+    out = np.full((q.shape[0], H, D), 7.0, np.float32).astype(dt)
+    got = impl.forward(_layer(ks, vs), q, k, v, cache, md, output=out)
+    assert got is out
+    assert np.all(np.asarray(out[T:], np.float32) == 7.0), "a padded output row was written"
+    s = 0
+    for t, c, n in zip(tabs, ctx_lens, q_lens):  # the new K/V went where the slots say
+        pos = c + np.arange(n)
+        for half, x, sc in ((0, k, ks), (1, v, vs)):
+            cached = cache[half][t[pos // BS], pos % BS]
+            want = (O.fp8_encode(np.asarray(x[s:s + n], np.float32), "fp8", sc) if fp8
+                    else x[s:s + n])
+            np.testing.assert_array_equal(np.asarray(cached, np.float32) if not fp8 else cached,
+                                          np.asarray(want, np.float32) if not fp8 else want)
+        s += n
+    ref = _oracle(q[:T], cache, tabs, ctx_lens, q_lens, fp8, ks, vs, scale)
+    tol = dict(atol=3e-2, rtol=3e-2) if fp8 else {}
+    O.assert_close(out[:T], ref, dt, **tol)
+
+
+def test_layer_form_same_bits_as_first_form(backend, rng):
+    """The same step through forward(query, ...) with our metadata and through
+    forward(layer, ...) with vLLM v1's: the same output and cache bits."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float16)
+    ctx_lens, q_lens = [0, 25, 9], [11, 1, 4]
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, True, ctx_lens, q_lens, pad_reqs=0,
+                                        pad_tokens=0)
+    impl = be.get_impl_cls()(H, D, 0.3, HKV, kv_cache_dtype="fp8")
+    ours = be.make_metadata_builder(BS).build(
+        seq_lens=[c + n for c, n in zip(ctx_lens, q_lens)], query_lens=q_lens,
+        block_tables=tabs, num_prefills=3)
+    c1, c2 = cache.copy(), cache.copy()
+    o1 = impl.forward(q.reshape(len(q), H * D), k.reshape(len(k), -1), v.reshape(len(v), -1),
+                      c1, ours, k_scale=0.5, v_scale=0.25)
+    for floats in (True, False):
+        c2[...] = cache
+        o2 = np.empty((len(q), H, D), dt)
+        impl.forward(_layer(0.5, 0.25, floats), q, k, v, c2, md, output=o2)
+        np.testing.assert_array_equal(o1.reshape(o2.shape), o2)
+        np.testing.assert_array_equal(c1, c2)
+    # the layer form also takes our metadata, and a dict of v1 fields
+    c2[...] = cache
+    o3 = impl.forward(layer=_layer(0.5, 0.25), query=q, key=k, value=v, kv_cache=c2,
+                      attn_metadata=ours)
+    np.testing.assert_array_equal(o1.reshape(o3.shape), o3)
+    c2[...] = cache
+    o4 = impl.forward(_layer(0.5, 0.25), q, k, v, c2, dataclasses.asdict(md))
+    np.testing.assert_array_equal(o1.reshape(o4.shape), o4)
+
+
+def test_v1_metadata_rewritten_in_place(backend, rng):
+    """The conversion of v1 metadata is kept by content: the same object with other lengths and
+    tables gives the new step's answer."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float32)
+    ctx_lens, q_lens = [30, 12], [1, 1]
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, False, ctx_lens, q_lens, pad_reqs=0,
+                                        pad_tokens=0)
+    impl = be.get_impl_cls()(H, D, 0.2, HKV)
+    out = np.empty((2, H, D), dt)
+    impl.forward(_layer(), q, k, v, cache, md, output=out)
+    O.assert_close(out, _oracle(q, cache, tabs, ctx_lens, q_lens, False, 1, 1, 0.2), dt)
+    # next step: the requests swap places, each one token longer
+    md.seq_lens[:] = md.seq_lens[::-1] + 1
+    md.block_table[:] = md.block_table[::-1].copy()
+    md.slot_mapping[:] = [int(tabs[1][13 // BS]) * BS + 13 % BS,
+                          int(tabs[0][31 // BS]) * BS + 31 % BS]
+    impl.forward(_layer(), q, k, v, cache, md, output=out)
+    ref = _oracle(q, cache, tabs[::-1], [13, 31], [1, 1], False, 1, 1, 0.2)
+    O.assert_close(out, ref, dt)
+
+
+def test_v1_constructor_orders():
+    be = pa.get_attn_backend("reference")
+    Impl = be.get_impl_cls()
+    a = Impl(8, 32, 0.1, 2, None, None, "auto", 30.0, "decoder", None)  # v1
+    assert a.logits_soft_cap == 30.0 and a.blocksparse is None and a.kv_sharing_target_layer_name is None
+    b = Impl(8, 32, 0.1, 2, None, None, "auto", None, "encoder_only", "layers.0")  # v1
+    assert b.attn_type == pa.backend.L.PA_ATTN_ENCODER_ONLY
+    assert b.kv_sharing_target_layer_name == "layers.0" and b.logits_soft_cap == 0.0
+    c = Impl(8, 32, 0.1, 2, None, None, "auto", None, 30.0, "decoder")  # vLLM <= 0.9
+    assert c.logits_soft_cap == 30.0 and c.blocksparse is None
+    d = Impl(8, 32, 0.1, 2, None, None, "auto",
+             dict(max_seqlen=256, local_blocks=2, vert_stride=2, block_size=16), 5.0)
+    assert d.blocksparse is not None and d.logits_soft_cap == 5.0
+    e = Impl(8, 32, 0.1, 2, None, None, "auto", None)  # either order: nothing set
+    assert e.logits_soft_cap == 0.0 and e.blocksparse is None
+    with pytest.raises(TypeError):
+        Impl(8, 32, 0.1, 2, None, None, "auto", None, None, "decoder", None)
+    with pytest.raises(ValueError):
+        Impl(8, 32, 0.1, 2, None, None, "auto", 3.0, "sideways")
+
+
+def test_v1_refusals_and_profiling_run(backend, rng):
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float16)
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, False, [5, 0], [1, 4])
+    before = cache.copy()
+    impl = be.get_impl_cls()(H, D, 0.2, HKV)
+    out = np.full((q.shape[0], H, D), 3.0, dt)
+    assert impl.forward(_layer(), q, k, v, cache, None, output=out) is out  # profiling run
+    with pytest.raises(NotImplementedError, match="output quantization"):
+        impl.forward(_layer(), q, k, v, cache, md, output=out, output_scale=np.ones(1))
+    md.causal = False
+    with pytest.raises(NotImplementedError, match="causal"):
+        impl.forward(_layer(), q, k, v, cache, md, output=out)
+    with pytest.raises(TypeError, match="query_start_loc"):
+        impl.forward(_layer(), q, k, v, cache, types.SimpleNamespace(seq_lens=[5]), output=out)
+    md.causal = True
+    md.num_actual_tokens = 4  # disagrees with query_start_loc
+    with pytest.raises(ValueError, match="num_actual_tokens"):
+        impl.forward(_layer(), q, k, v, cache, md, output=out)
+    np.testing.assert_array_equal(cache, before)
+    assert np.all(np.asarray(out, np.float32) == 3.0)
+
+
+def test_kv_sharing_layer_writes_nothing(backend, rng):
+    """A layer that shares another layer's cache reads it and leaves it as it is."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float32)
+    ctx_lens, q_lens = [17, 6], [1, 2]
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, False, ctx_lens, q_lens, pad_reqs=0,
+                                        pad_tokens=0)
+    owner = be.get_impl_cls()(H, D, 0.2, HKV)
+    sharer = be.get_impl_cls()(H, D, 0.2, HKV, None, None, "auto", None, "decoder", "layers.0")
+    out = np.empty((3, H, D), dt)
+    owner.forward(_layer(), q, k, v, cache, md, output=out)
+    written = cache.copy()
+    out2 = np.empty_like(out)
+    sharer.forward(_layer(), q, 2 * k, 2 * v, cache, md, output=out2)  # other K/V: not written
+    np.testing.assert_array_equal(cache, written)
+    np.testing.assert_array_equal(out, out2)
