@@ -6,6 +6,8 @@ small perturbations (off by one, zero, negative, beyond int32) so that both acce
 rejected calls occur. (The first run found a ZeroDivisionError for head_size 0 and an internal
 AssertionError for zero-size outputs, both fixed.)"""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -147,8 +149,12 @@ def one_call(d):
         backend = pa.get_attn_backend()
         kv_cache = d.array((2, nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
         kept.append((kv_cache, kv_cache.copy()))
-        md = backend.make_metadata_builder(d.jig(16) if rng.random() < 0.2 else nbs).build(
-            seq_lens=sl.tolist(), query_lens=ql.tolist(), block_tables=tables)
+        v1 = rng.random() < 0.4  # vLLM v1's call: forward(layer, ...) over its own metadata
+        if v1:
+            md = _v1_fields(d, sl, ql, tables, nbs, max(nb, 1))
+        else:
+            md = backend.make_metadata_builder(d.jig(16) if rng.random() < 0.2 else nbs).build(
+                seq_lens=sl.tolist(), query_lens=ql.tolist(), block_tables=tables)
         impl = backend.get_impl_cls()(H, D, d.pick(0.1, -1.0, 0.0), d.jig(Hk),
                                       sliding_window=d.pick(None, None, 4, -1),
                                       alibi_slopes=kw.get("alibi_slopes"),
@@ -159,7 +165,13 @@ def one_call(d):
         out = d.array((T, H * D), dt) if rng.random() < 0.3 else None
         if out is not None:
             kept.append((out, out.copy()))
-        impl.forward(x, kv, kv if rng.random() < 0.9 else None, kv_cache, md, output=out)
+        if v1:
+            layer = types.SimpleNamespace(_k_scale_float=d.pick(1.0, 0.5, 0.0, -1.0, np.nan),
+                                          _v_scale=np.float32(d.pick(1.0, 2.0, np.inf)))
+            impl.forward(layer, x, kv, kv if rng.random() < 0.9 else None, kv_cache, md,
+                         output=out)
+        else:
+            impl.forward(x, kv, kv if rng.random() < 0.9 else None, kv_cache, md, output=out)
     elif which == 8:
         # vLLM's older paged layout: reshape_and_cache, then paged_attention_v1
         x = d.pick(8, 4, 16, 3)
@@ -239,6 +251,42 @@ def one_call(d):
         pa.merge_attn_states(out, parts, lse, d.array((T, H, D), dt),
                              d.array((d.jig(H), T), np.dtype(np.float32)),
                              d.array((H, T), np.dtype(np.float32)) if rng.random() < 0.3 else None)
+
+
+def _v1_fields(d, sl, ql, tables, bs, nb):
+    """vLLM v1-style metadata (a dict) of the drawn step, with a padding request, padded slots
+    and (sometimes) a perturbed field."""
+    rng = d.rng
+    n = len(sl)
+    qsl = np.zeros(n + 2, np.int64)
+    qsl[1:n + 1] = np.cumsum(ql)
+    qsl[n + 1] = qsl[n]
+    width = max([len(t) for t in tables] + [1])
+    bt = np.zeros((n + 1, width), np.int32)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    total = int(qsl[n])
+    if 0 <= total < 1000 and int(ql.min(initial=0)) >= 0:
+        slots = []
+        for t, s, q in zip(tables, sl, ql):
+            for p in range(int(s) - int(q), int(s)):
+                b = t[p // bs] if 0 <= p // bs < len(t) else -1
+                slots.append(int(b) * bs + p % bs if b >= 0 else -1)
+        slots = np.array(slots + [-1] * 3, np.int64)
+    else:
+        slots = d.ints(64, nb * bs, np.int64)
+    f = dict(query_start_loc=qsl.astype(np.int32), seq_lens=np.append(sl, 0).astype(np.int32),
+             block_table=bt, slot_mapping=slots, num_actual_tokens=total, causal=True)
+    r = rng.random()
+    if r < 0.05:
+        f["num_actual_tokens"] = d.jig(total, 1.0)
+    elif r < 0.1:
+        f["query_start_loc"][rng.integers(n + 2)] = d.pick(-1, 0, 2 ** 31 - 1)
+    elif r < 0.13:
+        f["causal"] = False
+    elif r < 0.16:
+        del f[d.pick("query_start_loc", "seq_lens", "block_table", "slot_mapping")]
+    return f
 
 
 def _same(a, b):
