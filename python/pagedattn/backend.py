@@ -249,17 +249,30 @@ def _derive_slots(seqs, bs, table_key, ctx_key, len_key):
 
 
 class PagedAttnMetadataBuilder:
-    """Builds :class:`PagedAttnMetadata` from per-sequence lengths and block tables."""
+    """Builds :class:`PagedAttnMetadata` from per-sequence lengths and block tables.
 
-    def __init__(self, block_size=16):
+    ``PagedAttnMetadataBuilder(block_size=16)``; vLLM v1 constructs its builders as
+    ``(kv_cache_spec, layer_names, vllm_config, device)``, which is taken too (the block size
+    from ``kv_cache_spec.block_size``; the rest is not needed), and calls
+    ``build(common_prefix_len=..., common_attn_metadata=...)`` (see :meth:`build`)."""
+
+    def __init__(self, block_size=16, *v1_args, **v1_kwargs):
+        if not isinstance(block_size, (int, np.integer)) and hasattr(block_size, "block_size"):
+            block_size = block_size.block_size  # vLLM v1: the layer group's kv_cache_spec
         if int(block_size) < 1:
             raise ValueError("block_size must be >= 1, got %r" % (block_size,))
         self.block_size = int(block_size)
 
-    def build(self, seq_lens, query_lens=None, block_tables=None, context_lens=None,
+    def build(self, seq_lens=None, query_lens=None, block_tables=None, context_lens=None,
               num_prefills=None, encoder_seq_lens=None, cross_block_tables=None,
-              slot_mapping=None, cross_slot_mapping=None, causal=True):
+              slot_mapping=None, cross_slot_mapping=None, causal=True, *,
+              common_prefix_len=None, common_attn_metadata=None, fast_build=False):
         """Build the metadata of one step.
+
+        vLLM v1's form: ``build(common_prefix_len, common_attn_metadata, fast_build=False)``
+        (positional or keywords), where ``common_attn_metadata`` carries v1's fields (see
+        :meth:`PagedAttnImpl.forward`); the prefix length needs nothing (the tables are
+        complete).
 
         Args:
             seq_lens: per sequence, context + new tokens.
@@ -277,6 +290,14 @@ class PagedAttnMetadataBuilder:
                 block_size``).
             causal: vLLM v1's flag (see :class:`PagedAttnMetadata`).
         """
+        if common_attn_metadata is None and query_lens is not None and not isinstance(
+                query_lens, (list, tuple, np.ndarray)) and not A.is_torch(query_lens) and \
+                hasattr(query_lens, "query_start_loc"):
+            common_attn_metadata = query_lens  # build(common_prefix_len, common_attn_metadata)
+        if common_attn_metadata is not None:
+            return _v1_metadata(common_attn_metadata, self.block_size)
+        if seq_lens is None:
+            raise TypeError("build() needs seq_lens (or vLLM v1's common_attn_metadata)")
         sl = [int(x) for x in _list(seq_lens)]
         n = len(sl)
         if n == 0:
@@ -781,6 +802,9 @@ def _heads_view(x, v, heads, D, name, output=False):
 
 class PagedAttnBackend:
     """vLLM's AttentionBackend for one pagedattn library backend."""
+
+    # vLLM's flag: forward writes into a caller-allocated output when one is given
+    accept_output_buffer = True
 
     def __init__(self, name):
         self._name = name

@@ -234,3 +234,32 @@ def test_kv_sharing_layer_writes_nothing(backend, rng):
     sharer.forward(_layer(), q, 2 * k, 2 * v, cache, md, output=out2)  # other K/V: not written
     np.testing.assert_array_equal(cache, written)
     np.testing.assert_array_equal(out, out2)
+
+
+def test_v1_builder_protocol(backend, rng):
+    """vLLM v1 makes the builder as (kv_cache_spec, layer_names, vllm_config, device) and calls
+    build(common_prefix_len, common_attn_metadata): the metadata it returns runs the step as
+    the v1 metadata itself does."""
+    be = pa.get_attn_backend(backend)
+    assert be.accept_output_buffer
+    dt = np.dtype(np.float16)
+    ctx_lens, q_lens = [19, 0], [1, 7]
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, False, ctx_lens, q_lens)
+    spec = types.SimpleNamespace(block_size=BS, num_kv_heads=HKV, head_size=D)
+    builder = be.get_builder_cls()(spec, ["layers.0"], None, "cpu")
+    assert builder.block_size == BS
+    built = [builder.build(0, md), builder.build(common_prefix_len=0, common_attn_metadata=md)]
+    impl = be.get_impl_cls()(H, D, 0.2, HKV)
+    T = sum(q_lens)
+    c0 = cache.copy()
+    want = np.empty((len(q), H, D), dt)
+    impl.forward(_layer(), q, k, v, c0, md, output=want)
+    for b in built:
+        assert isinstance(b, pa.PagedAttnMetadata) and b.num_tokens == T
+        c = cache.copy()
+        got = np.empty((len(q), H, D), dt)
+        impl.forward(_layer(), q, k, v, c, b, output=got)
+        np.testing.assert_array_equal(got[:T], want[:T])
+        np.testing.assert_array_equal(c, c0)
+    with pytest.raises(TypeError, match="seq_lens"):
+        builder.build()
