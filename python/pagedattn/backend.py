@@ -541,10 +541,14 @@ class PagedAttnImpl:
             if kv_cache is not None and len(getattr(kv_cache, "shape", ())) == 5:
                 bs = int(kv_cache.shape[2])
             md = _v1_metadata(md, bs)
-        n = md.num_encoder_tokens if self.attn_type == L.PA_ATTN_ENCODER else md.num_tokens
-        if self.kv_sharing_target_layer_name is not None and self.attn_type == L.PA_ATTN_DECODER:
+        at = self.attn_type
+        # query rows: the decoder's tokens, or the encoder's for encoder self-attention; key
+        # rows: the encoder's for encoder and cross layers
+        n = md.num_encoder_tokens if at == L.PA_ATTN_ENCODER else md.num_tokens
+        nk = md.num_encoder_tokens if at in (L.PA_ATTN_ENCODER, L.PA_ATTN_ENCODER_DECODER) else n
+        if self.kv_sharing_target_layer_name is not None and at == L.PA_ATTN_DECODER:
             key = value = None  # the cache belongs to another layer, which wrote these
-        out = self._forward(_leading(query, n), _leading(key, n), _leading(value, n), kv_cache,
+        out = self._forward(_leading(query, n), _leading(key, nk), _leading(value, nk), kv_cache,
                             md, k_scale=ks, v_scale=vs, output=_leading(output, n))
         return out if output is None else output
 

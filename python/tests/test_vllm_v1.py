@@ -263,3 +263,36 @@ def test_v1_builder_protocol(backend, rng):
         np.testing.assert_array_equal(c, c0)
     with pytest.raises(TypeError, match="seq_lens"):
         builder.build()
+
+
+def test_layer_form_encoder_decoder(backend, rng):
+    """Encoder self-attention, decoder self-attention and cross-attention (more encoder tokens
+    than decoder tokens) through forward(layer, ...) with our metadata: the same bits as the
+    first form, padded rows untouched."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float32)
+    Impl = be.get_impl_cls()
+    enc_lens, dec_lens = [11, 5], [3, 1]
+    self_tabs = tables(rng, dec_lens, BS, NB)
+    cross_tabs = tables(rng, enc_lens, BS, NB)
+    md = be.make_metadata(seq_lens=dec_lens, query_lens=dec_lens, block_tables=self_tabs,
+                          encoder_seq_lens=enc_lens, cross_block_tables=cross_tabs,
+                          block_size=BS, num_prefills=2)
+    Te, Td = sum(enc_lens), sum(dec_lens)
+    shape = be.get_kv_cache_shape(NB, BS, HKV, D)
+    for attn_type, T, Tk, cached in (("encoder", Te, Te, False), ("decoder", Td, Td, True),
+                                     ("encoder_decoder", Td, Te, True)):
+        impl = Impl(H, D, 0.2, HKV, attn_type=attn_type)
+        q = randn(rng, (T + 2, H, D), dt)
+        k, v = randn(rng, (Tk + 2, HKV, D), dt), randn(rng, (Tk + 2, HKV, D), dt)
+        cache = np.full(shape, np.nan, dt) if cached else None
+        c1 = None if cache is None else cache.copy()
+        want = impl.forward(q[:T].reshape(T, H * D), k[:Tk].reshape(Tk, -1),
+                            v[:Tk].reshape(Tk, -1), c1, md)
+        c2 = None if cache is None else cache.copy()
+        got = np.full((T + 2, H, D), 9.0, dt)
+        impl.forward(_layer(), q, k, v, c2, md, output=got)
+        np.testing.assert_array_equal(got[:T], want.reshape(T, H, D), err_msg=attn_type)
+        assert np.all(got[T:] == 9.0), attn_type
+        if cache is not None:
+            np.testing.assert_array_equal(c1, c2)
