@@ -540,7 +540,8 @@ class PagedAttnImpl:
             bs = 1
             if kv_cache is not None and len(getattr(kv_cache, "shape", ())) == 5:
                 bs = int(kv_cache.shape[2])
-            md = _v1_metadata(md, bs)
+            # an encoder-only layer has no cache: v1's block table and slots mean nothing to it
+            md = _v1_metadata(md, bs, cached=self.attn_type == L.PA_ATTN_DECODER)
         at = self.attn_type
         # query rows: the decoder's tokens, or the encoder's for encoder self-attention; key
         # rows: the encoder's for encoder and cross layers
@@ -722,6 +723,7 @@ def _leading(x, n):
 
 _V1_FIELDS = ("query_start_loc", "seq_lens", "block_table", "block_table_tensor",
               "slot_mapping", "num_actual_tokens", "causal")
+_V1_CACHE_FIELDS = ("block_table", "block_table_tensor", "slot_mapping")
 _v1_cache = OrderedDict()
 _v1_lock = threading.Lock()
 
@@ -736,12 +738,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _v1_metadata(m, block_size):
+def _v1_metadata(m, block_size, cached=True):
     """PagedAttnMetadata of vLLM v1-style metadata (an object or a dict with its fields), made
     once per content: every layer of a step passes the same metadata, and the conversion walks
-    every request, while the key is a copy of its arrays."""
+    every request, while the key is a copy of its arrays. cached False: the block tables and
+    slots are left out (a layer without a cache)."""
     get = m.get if isinstance(m, dict) else (lambda k, d=None: getattr(m, k, d))
-    fields = {k: get(k) for k in _V1_FIELDS}
+    fields = {k: get(k) if cached or k not in _V1_CACHE_FIELDS else None for k in _V1_FIELDS}
     if fields["query_start_loc"] is None or fields["seq_lens"] is None:
         raise TypeError("attn_metadata must be a PagedAttnMetadata or carry vLLM v1's fields "
                         "query_start_loc and seq_lens, got %s" % type(m).__name__)

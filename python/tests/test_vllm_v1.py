@@ -296,3 +296,29 @@ def test_layer_form_encoder_decoder(backend, rng):
         assert np.all(got[T:] == 9.0), attn_type
         if cache is not None:
             np.testing.assert_array_equal(c1, c2)
+
+
+def test_v1_metadata_encoder_only(backend, rng):
+    """An encoder-only layer (BERT-like) with vLLM v1's metadata: causal=False, no cache, a block
+    table of zeros and slots that mean nothing to it; bidirectional attention per request."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float32)
+    lens = [9, 4, 1]
+    T = sum(lens)
+    md = V1Metadata(num_actual_tokens=T, max_query_len=9,
+                    query_start_loc=np.concatenate([[0], np.cumsum(lens), [T]]).astype(np.int32),
+                    max_seq_len=9, seq_lens=np.array(lens + [0], np.int32),
+                    block_table=np.zeros((4, 1), np.int32),
+                    slot_mapping=np.full(T + 3, -1, np.int64), causal=False)
+    impl = be.get_impl_cls()(H, D, 0.2, HKV, None, None, "auto", None, "encoder_only", None)
+    q = randn(rng, (T + 3, H, D), dt)
+    k, v = randn(rng, (T + 3, HKV, D), dt), randn(rng, (T + 3, HKV, D), dt)
+    out = np.full((T + 3, H, D), 4.0, dt)
+    impl.forward(_layer(), q, k, v, np.empty(0, dt), md, output=out)
+    s = 0
+    for n in lens:
+        ro, _ = O.attention(q[s:s + n], k[s:s + n], v[s:s + n], np.arange(n), scale=0.2,
+                            causal=False)
+        O.assert_close(out[s:s + n], ro, dt)
+        s += n
+    assert np.all(out[T:] == 4.0)
