@@ -46,6 +46,7 @@ if _mld is not None:
 else:  # pragma: no cover
     _NP_FP8 = {}
 
+NP_FLOAT = _NP_FLOAT  # (the backend layer's short path for query/key/value/output rows)
 _KIND = dict(_NP_FLOAT)
 _KIND.update(_NP_FP8)
 
@@ -62,8 +63,8 @@ class View:
     def __init__(self, obj, ptr, shape, strides, kind, itemsize, is_t):
         self.obj = obj
         self.ptr = ptr            # int address of element (0, ..., 0)
-        self.shape = tuple(shape)  # ints
-        self.strides = tuple(strides)  # ints, in elements
+        self.shape = shape if type(shape) is tuple else tuple(shape)  # ints
+        self.strides = strides if type(strides) is tuple else tuple(strides)  # ints, in elements
         self.kind = kind          # library dtype, "uint8", or a string naming another dtype
         self.itemsize = itemsize
         self.torch = is_t
@@ -133,11 +134,22 @@ def view(x, name, write=False):
     if item == 1:
         strides = st
     else:
-        strides = tuple([s // item for s in st])
-        if any([s % item for s in st]):
+        # an engine passes the same few shapes call after call: their element strides are
+        # looked up (None: not a multiple of the element size)
+        strides = _ELEM_STRIDES.get((st, item), False)
+        if strides is False:
+            strides = tuple([s // item for s in st])
+            if any([s % item for s in st]):
+                strides = None
+            if len(_ELEM_STRIDES) < 4096:
+                _ELEM_STRIDES[(st, item)] = strides
+        if strides is None:
             raise ValueError("%s: strides %s are not multiples of the element size %d"
                              % (name, st, item))
     return View(x, x.ctypes.data or 0, x.shape, strides, kind, item, False)
+
+
+_ELEM_STRIDES = {}
 
 
 def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16), write=False):
@@ -207,6 +219,12 @@ def to_np(x, dtype, name, ndim=None):
     """Small metadata arrays (lengths, tables, slots): a contiguous numpy copy of dtype."""
     if x is None:
         return None
+    if type(x) is np.ndarray and x.dtype == dtype and (ndim is None or x.ndim == ndim) and \
+            x.flags.c_contiguous:
+        return x  # (what the checks below would return: nothing to convert or check)
+    if type(x) is np.ndarray and x.dtype.kind in "iu" and (ndim is None or x.ndim == ndim) and \
+            np.can_cast(x.dtype, dtype, "safe"):
+        return np.ascontiguousarray(x, dtype=dtype)  # (likewise: every value fits)
     if is_torch(x):
         x = x.detach().cpu().numpy()
     a = np.asarray(x)

@@ -96,9 +96,10 @@ _layer_cache = OrderedDict()
 _layer_lock = threading.Lock()
 
 
-def _renew_layer_lock():  # a forked child: the lock may have been held by a parent thread
-    global _layer_lock
+def _renew_layer_lock():  # a forked child: the locks may have been held by a parent thread
+    global _layer_lock, _caches_lock
     _layer_lock = threading.Lock()
+    _caches_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -106,8 +107,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def get_layer(**kw):
-    """A cached Layer for these parameters (layers are immutable, so they can be shared)."""
-    key = tuple(sorted(kw.items()))
+    """A cached Layer for these parameters (layers are immutable, so they can be shared). The
+    key keeps the keywords in the caller's order (each call site passes one order; one more
+    order is one more entry for the same layer, never a wrong one)."""
+    key = tuple(kw.items())
     try:
         hash(key)
     except TypeError:  # arrays (ALiBi slopes, sinks) and lists: by value
@@ -313,7 +316,27 @@ def cache_dtype_of(v, kv_cache_dtype, name):
 
 def paged_cache(kv, vv, dtype, kname="key_cache", vname="value_cache"):
     """pa_cache for [num_blocks, block_size, num_kv_heads, head_size] pools (any strides with the
-    head_size dim contiguous; key and value must share their strides)."""
+    head_size dim contiguous; key and value must share their strides). The struct is shared by
+    every call over the same pools (every layer of every step passes its cache again): callers
+    never modify it."""
+    key = (kv.ptr, vv.ptr, kv.shape, kv.strides, vv.shape, vv.strides, kv.kind, vv.kind, dtype)
+    c = _caches.get(key)
+    if c is None:
+        c = _paged_cache(kv, vv, dtype, kname, vname)
+        with _caches_lock:
+            if len(_caches) >= 256:  # more pools than a model has layers: start again
+                _caches.clear()
+            _caches[key] = c
+    return c
+
+
+# validated pa_cache structs by pool address and geometry (a struct holds nothing else, so one
+# made for other arrays at the same address and of the same geometry is the same struct)
+_caches = {}
+_caches_lock = threading.Lock()
+
+
+def _paged_cache(kv, vv, dtype, kname, vname):
     for v, n in ((kv, kname), (vv, vname)):
         if v.ndim != 4:
             raise ValueError("%s must be 4-D [num_blocks, block_size, num_kv_heads, head_size], "

@@ -563,15 +563,14 @@ class PagedAttnImpl:
             raise TypeError("attn_metadata must be a PagedAttnMetadata (from the backend's "
                             "metadata builder), got %s" % type(md).__name__)
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_size
-        qv = A.float_view(query, "query")
+        qv = _heads_of(query, H, D, "query")
         T = qv.shape[0]
-        qv = _heads_view(query, qv, H, D, "query")
         kv = vv = None
         if key is not None or value is not None:
             if key is None or value is None:
                 raise ValueError("give both key and value, or neither")
-            kv = _heads_view(key, A.float_view(key, "key"), Hkv, D, "key")
-            vv = _heads_view(value, A.float_view(value, "value"), Hkv, D, "value")
+            kv = _heads_of(key, Hkv, D, "key")
+            vv = _heads_of(value, Hkv, D, "value")
             if kv.kind != vv.kind or kv.shape != vv.shape:
                 raise ValueError("key and value must have the same shape and dtype")
         if at == L.PA_ATTN_DECODER and not md.causal:
@@ -588,8 +587,7 @@ class PagedAttnImpl:
             out_obj = A.empty_like_rows(qv, (T, H * D), qv.kind)
         else:
             out_obj = output
-        ov = _heads_view(out_obj, A.float_view(out_obj, "output", write=True), H, D, "output",
-                         output=True)
+        ov = _heads_of(out_obj, H, D, "output", output=True)
         if ov.kind != qv.kind:
             raise ValueError("output dtype %s differs from query dtype %s"
                              % (ov.dtype_name(), qv.dtype_name()))
@@ -743,23 +741,28 @@ def _v1_metadata(m, block_size, cached=True):
     once per content: every layer of a step passes the same metadata, and the conversion walks
     every request, while the key is a copy of its arrays. cached False: the block tables and
     slots are left out (a layer without a cache)."""
-    get = m.get if isinstance(m, dict) else (lambda k, d=None: getattr(m, k, d))
-    fields = {k: get(k) if cached or k not in _V1_CACHE_FIELDS else None for k in _V1_FIELDS}
+    if isinstance(m, dict):
+        fields = {k: m.get(k) for k in _V1_FIELDS}
+    else:
+        fields = {k: getattr(m, k, None) for k in _V1_FIELDS}
+    if not cached:
+        for k in _V1_CACHE_FIELDS:
+            fields[k] = None
     if fields["query_start_loc"] is None or fields["seq_lens"] is None:
         raise TypeError("attn_metadata must be a PagedAttnMetadata or carry vLLM v1's fields "
                         "query_start_loc and seq_lens, got %s" % type(m).__name__)
     if fields["causal"] is None:
         fields["causal"] = True
     key = [block_size]
-    for k in _V1_FIELDS:
-        x = fields[k]
-        if x is None or isinstance(x, (bool, int, np.integer)):
-            key.append(x if x is None else int(x))
-        else:
+    for x in fields.values():
+        if type(x) is not np.ndarray:
+            if x is None or isinstance(x, (bool, int, np.integer)):
+                key.append(x if x is None else int(x))
+                continue
             if A.is_torch(x):
                 x = x.detach().cpu().numpy()
-            a = np.asarray(x)
-            key.append((a.dtype.str, a.shape, a.tobytes()))
+            x = np.asarray(x)
+        key.append((x.dtype, x.shape, x.tobytes()))
     key = tuple(key)
     with _v1_lock:
         md = _v1_cache.get(key)
@@ -772,6 +775,33 @@ def _v1_metadata(m, block_size, cached=True):
         while len(_v1_cache) > 4:
             _v1_cache.popitem(last=False)
     return md
+
+
+def _heads_of(x, heads, D, name, output=False):
+    """_heads_view of array x: [T, heads*D] or [T, heads, D] -> a [T, heads, D] View. A numpy
+    array whose heads and dims are contiguous, and whose rows follow each other, takes a short
+    path (what an engine passes every layer); anything else the general one, with its checks,
+    copies and errors."""
+    if type(x) is np.ndarray and heads > 1 and D > 1:
+        kind = A.NP_FLOAT.get(x.dtype)
+        shp = x.shape
+        if kind is not None and shp and shp[0] > 0 and (not output or x.flags.writeable):
+            st, item = x.strides, x.itemsize
+            hd = heads * D
+            if len(shp) == 2:
+                fits = shp[1] == hd and st[1] == item
+            else:
+                fits = len(shp) == 3 and shp[1] == heads and shp[2] == D and st[2] == item and \
+                    st[1] == D * item
+            if fits:
+                rs = hd
+                if shp[0] > 1:
+                    rs = st[0] // item
+                    fits = st[0] % item == 0 and rs >= hd
+                if fits:
+                    return A.View(x, x.ctypes.data, (shp[0], heads, D), (rs, D, 1), kind, item,
+                                  False)
+    return _heads_view(x, A.float_view(x, name, write=output), heads, D, name, output=output)
 
 
 def _heads_view(x, v, heads, D, name, output=False):

@@ -367,10 +367,33 @@ def _flat(v3):
     return v3.obj
 
 
+def _rows_view_np(x, v):
+    """_rows_view of a numpy [B, S, H, D] array of a float dtype whose rows are uniformly
+    strided, do not overlap and hold contiguous heads (else None: the general path decides);
+    v: x's View or None."""
+    kind = A.NP_FLOAT.get(x.dtype)
+    b, s, h, d = x.shape
+    if kind is None or b * s * h * d == 0:
+        return None
+    item = x.itemsize
+    st = x.strides
+    if (d > 1 and st[3] != item) or (h > 1 and st[2] != d * item):
+        return None
+    row = st[1] if s > 1 else (st[0] if b > 1 else h * d * item)
+    if row % item or (b > 1 and s > 1 and st[0] != s * st[1]) or (b * s > 1 and row < h * d * item):
+        return None
+    return A.View(x.reshape(b * s, h, d), v.ptr if v is not None else x.ctypes.data,
+                  (b * s, h, d), (row // item, d, 1), kind, item, False)
+
+
 def _rows_view(x, name, shape4, v=None, copy=True):
     """[B, S, H, D] -> a [B*S, H, D] View, copying (inputs) when the rows are not uniformly
     strided, overlap, run backwards or are broadcast; with copy=False (outputs) that is a
     ValueError. v: x's View when the caller has it already."""
+    if type(x) is np.ndarray and x.ndim == 4:  # the usual case, in fewer steps
+        r = _rows_view_np(x, v)
+        if r is not None:
+            return r
     if v is None:
         v = A.float_view(x, name)
     A.check_ndim(v, name, 4, "[batch, seqlen, heads, head_size]")
@@ -448,10 +471,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         q, k = _apply_rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved,
                              causal or (window_size is not None and
                                         tuple(window_size) != (-1, -1)))
-    qv4 = A.float_view(q, "q")
-    A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
-    B, Sq, H, D = qv4.shape
-    qv = _rows_view(q, "q", qv4.shape, qv4)
+    qv = _rows_view_np(q, None) if type(q) is np.ndarray and q.ndim == 4 else None
+    if qv is not None:
+        B, Sq, H, D = q.shape
+    else:
+        qv4 = A.float_view(q, "q")
+        A.check_ndim(qv4, "q", 4, "[batch, seqlen_q, num_heads, head_size]")
+        B, Sq, H, D = qv4.shape
+        qv = _rows_view(q, "q", qv4.shape, qv4)
     kcv = A.view(k_cache, "k_cache")
     vcv = A.view(v_cache, "v_cache")
     cdt = C.cache_dtype_of(kcv, kv_cache_dtype, "k_cache")
@@ -523,16 +550,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     src = _attn.Source(cache, kcv, vcv, BS, cache.num_blocks)
     seqs = _attn.paged_seqs(np.arange(B, dtype=np.int64) * Sq, Sq, klens, bt, contiguous=True)
     # output [B, Sq, H, D]
-    ov4 = None
+    ov4 = ov = None
     if out is None:
         out_obj = A.empty_like_rows(qv, (B, Sq, H, D), qv.kind)
     else:
         out_obj = out
-        ov4 = A.float_view(out, "out", write=True)
-        if ov4.shape != (B, Sq, H, D) or ov4.kind != qv.kind:
-            raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
-                             % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
-    ov = _rows_view(out_obj, "out", None, ov4, copy=False)
+        if type(out) is np.ndarray and out.shape == (B, Sq, H, D) and out.flags.writeable and \
+                A.NP_FLOAT.get(out.dtype) == qv.kind:
+            ov = _rows_view_np(out, None)
+        if ov is None:
+            ov4 = A.float_view(out, "out", write=True)
+            if ov4.shape != (B, Sq, H, D) or ov4.kind != qv.kind:
+                raise ValueError("out must be [%d, %d, %d, %d] of q's dtype; got %s %s"
+                                 % (B, Sq, H, D, ov4.shape, ov4.dtype_name()))
+    if ov is None:
+        ov = _rows_view(out_obj, "out", None, ov4, copy=False)
     lse = None
     lse_tmp = None
     if return_softmax_lse:

@@ -528,3 +528,38 @@ def test_head_sizes_and_cache_dtype_str(backend, rng):
     assert be.get_kv_cache_shape(3, 16, 2, 64, "fp8") == be.get_kv_cache_shape(3, 16, 2, 64)
     with pytest.raises(ValueError):
         be.get_kv_cache_shape(3, 16, 2, 64, cache_dtype_str=8)
+
+
+def test_impl_forward_strided_inputs(backend, rng):
+    """Query/key/value rows that are broadcast, reversed, every other row of a wider array or a
+    split of a fused QKV projection give the same bits as contiguous copies (the short path
+    for ordinary rows must hand every other layout to the general one)."""
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, nb = 4, 2, 16, 8, 8
+    dt = np.dtype(np.float32)
+    impl = be.get_impl_cls()(H, D, 0.25, Hkv)
+    md = be.make_metadata_builder(bs).build(seq_lens=[5, 6], query_lens=[5, 1],
+                                            block_tables=[[2], [6]])
+    T = 6
+    qkv = randn(rng, (T, (H + 2 * Hkv) * D), dt)
+    wide = randn(rng, (2 * T, H, D), dt)
+    cases = {"fused qkv split": (qkv[:, :H * D], qkv[:, H * D:(H + Hkv) * D],
+                                 qkv[:, (H + Hkv) * D:]),
+             "q reversed": (randn(rng, (T, H * D), dt)[::-1], qkv[:, H * D:(H + Hkv) * D],
+                            qkv[:, (H + Hkv) * D:]),
+             "q broadcast, 3-D": (np.broadcast_to(wide[:1], (T, H, D)),
+                                  randn(rng, (T, Hkv, D), dt), randn(rng, (T, Hkv, D), dt)),
+             "every other row, 3-D": (wide[::2], randn(rng, (2 * T, Hkv, D), dt)[::2],
+                                      randn(rng, (T, Hkv, D), dt)[::-1])}
+    for name, (q, k, v) in cases.items():
+        res = []
+        for qq, kk, vv in ((q, k, v), tuple(np.ascontiguousarray(x) for x in (q, k, v))):
+            cache = np.full(be.get_kv_cache_shape(nb, bs, Hkv, D), np.nan, dt)
+            res.append((impl.forward(qq, kk, vv, cache, md), cache))
+        np.testing.assert_array_equal(res[0][0].reshape(T, -1), res[1][0].reshape(T, -1),
+                                      err_msg=name)
+        np.testing.assert_array_equal(res[0][1], res[1][1], err_msg=name)
+    out = np.empty((T, H * D), dt)[::-1]  # an output with reversed rows: refused, not written
+    with pytest.raises(ValueError):
+        impl.forward(*cases["fused qkv split"], np.zeros(be.get_kv_cache_shape(nb, bs, Hkv, D),
+                                                          dt), md, output=out)
