@@ -96,6 +96,22 @@ class View:
         return str(self.kind)
 
 
+_char_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+_U8 = np.dtype(np.uint8)
+
+
+def np_ptr(x):
+    """The address of numpy array x's first element. A writable C-contiguous array takes the
+    buffer protocol (~0.8 us here; ~1.5 us through a byte view for dtypes that export no
+    buffer, ml_dtypes' bfloat16 and fp8), anything else numpy's ctypes attribute (~3 us)."""
+    if x.ndim and x.flags.c_contiguous and x.flags.writeable and x.size:
+        return _addressof(_char_from_buffer(x if x.dtype.isbuiltin == 1 else x.view(_U8)))
+    return x.ctypes.data or 0
+
+
 def _torch_kind(t):
     torch = torch_module()
     m = {torch.float32: L.PA_DTYPE_F32, torch.float16: L.PA_DTYPE_F16,
@@ -146,7 +162,7 @@ def view(x, name, write=False):
         if strides is None:
             raise ValueError("%s: strides %s are not multiples of the element size %d"
                              % (name, st, item))
-    return View(x, x.ctypes.data or 0, x.shape, strides, kind, item, False)
+    return View(x, np_ptr(x), x.shape, strides, kind, item, False)
 
 
 _ELEM_STRIDES = {}

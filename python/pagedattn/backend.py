@@ -799,7 +799,7 @@ def _heads_of(x, heads, D, name, output=False):
                     rs = st[0] // item
                     fits = st[0] % item == 0 and rs >= hd
                 if fits:
-                    return A.View(x, x.ctypes.data, (shp[0], heads, D), (rs, D, 1), kind, item,
+                    return A.View(x, A.np_ptr(x), (shp[0], heads, D), (rs, D, 1), kind, item,
                                   False)
     return _heads_view(x, A.float_view(x, name, write=output), heads, D, name, output=output)
 

@@ -382,7 +382,7 @@ def _rows_view_np(x, v):
     row = st[1] if s > 1 else (st[0] if b > 1 else h * d * item)
     if row % item or (b > 1 and s > 1 and st[0] != s * st[1]) or (b * s > 1 and row < h * d * item):
         return None
-    return A.View(x.reshape(b * s, h, d), v.ptr if v is not None else x.ctypes.data,
+    return A.View(x.reshape(b * s, h, d), v.ptr if v is not None else A.np_ptr(x),
                   (b * s, h, d), (row // item, d, 1), kind, item, False)
 
 
