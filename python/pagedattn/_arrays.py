@@ -32,9 +32,19 @@ def torch_module():
     return _torch
 
 
+_TORCH_TYPES = set()  # the tensor types seen (torch.Tensor, nn.Parameter)
+
+
 def is_torch(x):
     t = type(x)
-    return t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+    if t in _TORCH_TYPES:
+        return True
+    if t is np.ndarray:
+        return False
+    if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
 
 
 # numpy dtype -> library dtype (uint8 means "fp8, interpretation given by kv_cache_dtype")
@@ -47,6 +57,7 @@ else:  # pragma: no cover
     _NP_FP8 = {}
 
 NP_FLOAT = _NP_FLOAT  # (the backend layer's short path for query/key/value/output rows)
+_FLOAT_KINDS = (L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16)
 _KIND = dict(_NP_FLOAT)
 _KIND.update(_NP_FP8)
 
@@ -112,15 +123,30 @@ def np_ptr(x):
     return x.ctypes.data or 0
 
 
+_TORCH_KINDS = None  # torch dtype -> library dtype, made on first use
+
+
 def _torch_kind(t):
-    torch = torch_module()
-    m = {torch.float32: L.PA_DTYPE_F32, torch.float16: L.PA_DTYPE_F16,
-         torch.bfloat16: L.PA_DTYPE_BF16, torch.uint8: "uint8"}
-    for name, code in (("float8_e4m3fn", L.PA_DTYPE_FP8_E4M3), ("float8_e5m2", L.PA_DTYPE_FP8_E5M2)):
-        dt = getattr(torch, name, None)
-        if dt is not None:
-            m[dt] = code
-    return m.get(t.dtype, str(t.dtype).replace("torch.", ""))
+    global _TORCH_KINDS
+    m = _TORCH_KINDS
+    if m is None:
+        torch = torch_module()
+        m = {torch.float32: L.PA_DTYPE_F32, torch.float16: L.PA_DTYPE_F16,
+             torch.bfloat16: L.PA_DTYPE_BF16, torch.uint8: "uint8"}
+        for name, code in (("float8_e4m3fn", L.PA_DTYPE_FP8_E4M3),
+                           ("float8_e5m2", L.PA_DTYPE_FP8_E5M2)):
+            dt = getattr(torch, name, None)
+            if dt is not None:
+                m[dt] = code
+        _TORCH_KINDS = m
+    k = m.get(t.dtype)
+    return k if k is not None else str(t.dtype).replace("torch.", "")
+
+
+def torch_float_kind(t):
+    """The library dtype of torch tensor t when it is f32, f16 or bf16, else None."""
+    k = _torch_kind(t)
+    return k if k in _FLOAT_KINDS else None
 
 
 def view(x, name, write=False):

@@ -760,7 +760,7 @@ def _v1_metadata(m, block_size, cached=True):
                 key.append(x if x is None else int(x))
                 continue
             if A.is_torch(x):
-                x = x.detach().cpu().numpy()
+                x = x.numpy() if x.is_cpu and not x.requires_grad else x.detach().cpu().numpy()
             x = np.asarray(x)
         key.append((x.dtype, x.shape, x.tobytes()))
     key = tuple(key)
@@ -801,6 +801,20 @@ def _heads_of(x, heads, D, name, output=False):
                 if fits:
                     return A.View(x, A.np_ptr(x), (shp[0], heads, D), (rs, D, 1), kind, item,
                                   False)
+    elif heads > 1 and D > 1 and A.is_torch(x) and x.is_cpu:
+        kind = A.torch_float_kind(x)
+        shp = x.shape
+        if kind is not None and len(shp) in (2, 3) and shp[0] > 0:
+            st = x.stride()  # in elements
+            hd = heads * D
+            if len(shp) == 2:
+                fits = shp[1] == hd and st[1] == 1
+            else:
+                fits = shp[1] == heads and shp[2] == D and st[2] == 1 and st[1] == D
+            rs = hd if shp[0] == 1 else st[0]
+            if fits and rs >= hd:
+                return A.View(x, x.data_ptr(), (shp[0], heads, D), (rs, D, 1), kind,
+                              x.element_size(), True)
     return _heads_view(x, A.float_view(x, name, write=output), heads, D, name, output=output)
 
 

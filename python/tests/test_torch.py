@@ -176,3 +176,29 @@ def test_torch_v1_layer_form(backend):
                  f(v), kv_np, nmd, output=out_np)
     np.testing.assert_array_equal(f(out[:6]), out_np)
     np.testing.assert_array_equal(kv.numpy(), kv_np)
+
+
+def test_torch_impl_forward_strided_inputs(backend):
+    """torch rows as vLLM hands them over (a split of the fused QKV projection), expanded
+    (stride 0) and every other row: the same bits as contiguous copies."""
+    be = pa.get_attn_backend(backend)
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, bs, nb = 4, 2, 16, 8, 8
+    impl = be.get_impl_cls()(H, D, 0.25, Hkv)
+    md = be.make_metadata_builder(bs).build(seq_lens=[5, 6], query_lens=[5, 1],
+                                            block_tables=[[2], [6]])
+    T = 6
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g).to(torch.bfloat16)
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    wide = torch.randn(2 * T, H, D, generator=g).to(torch.bfloat16)
+    cases = {"fused qkv split": (q, k, v),
+             "expanded q, 3-D": (wide[:1].expand(T, H, D), k.reshape(T, Hkv, D),
+                                 v.reshape(T, Hkv, D)),
+             "every other row, 3-D": (wide[::2], k.reshape(T, Hkv, D), v.reshape(T, Hkv, D))}
+    for name, (qq, kk, vv) in cases.items():
+        res = []
+        for a, b, c in ((qq, kk, vv), (qq.contiguous(), kk.contiguous(), vv.contiguous())):
+            cache = torch.zeros(tuple(be.get_kv_cache_shape(nb, bs, Hkv, D)), dtype=torch.bfloat16)
+            res.append((impl.forward(a, b, c, cache, md), cache))
+        assert torch.equal(res[0][0].reshape(T, -1), res[1][0].reshape(T, -1)), name
+        assert torch.equal(res[0][1], res[1][1]), name
