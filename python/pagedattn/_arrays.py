@@ -158,12 +158,11 @@ def view(x, name, write=False):
         raise ValueError("%s must be an array, got None" % name)
     if type(x) is not np.ndarray:
         if is_torch(x):
-            if x.device.type != "cpu":
+            if not x.is_cpu:
                 raise ValueError("%s: only CPU tensors are supported, got device %s"
                                  % (name, x.device))
             kind = _torch_kind(x)
-            return View(x, int(x.data_ptr()), tuple(x.shape), x.stride(), kind, x.element_size(),
-                        True)
+            return View(x, x.data_ptr(), tuple(x.shape), x.stride(), kind, x.element_size(), True)
         if not isinstance(x, np.ndarray):
             raise TypeError("%s must be a numpy array or a torch CPU tensor, got %s"
                             % (name, type(x).__name__))
@@ -268,7 +267,7 @@ def to_np(x, dtype, name, ndim=None):
             np.can_cast(x.dtype, dtype, "safe"):
         return np.ascontiguousarray(x, dtype=dtype)  # (likewise: every value fits)
     if is_torch(x):
-        x = x.detach().cpu().numpy()
+        x = x.numpy() if x.is_cpu and not x.requires_grad else x.detach().cpu().numpy()
     a = np.asarray(x)
     if a.dtype.kind == "f":
         if a.size and not np.all(np.isfinite(a) & (np.mod(a, 1) == 0)):
