@@ -8,7 +8,8 @@
 #    sweep, pools past 2^32 elements), in parallel: each runs every path this CPU executes;
 # 3. unless BENCH=0, `pagedattn bench` once per x86 path (avx2, avx512, avx512bf16 where the CPU
 #    has them) on decode 16 x 4096 (bf16, f16, fp8) and causal prefill 2048 (f32, bf16), threads
-#    1 and all, so the paths are compared side by side on one machine in one run.
+#    1 and all, so the paths are compared side by side on one machine in one run; and bf16
+#    decode once more over an NHD cache (FlashAttention's layout) on the default path.
 # Each step is time-boxed (LIMIT_S, default 240 s for the tests, 150 s per bench run). Output goes
 # to stdout and, when $OUT is set, to $OUT/cpu-native.txt. Exit status: number of failed steps.
 set -u
@@ -68,6 +69,12 @@ if [ "${BENCH:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
                 --threads "1,$(nproc)" --repeats 3
         done
     done
+    # FlashAttention's cache layout (NHD) against the backend's own (HND), on the path the
+    # backend picks: on the development hosts NHD decode was 10-15% slower (compute-bound
+    # cores); DESIGN.md expects a third of the bandwidth on a memory-bound Zen 4
+    say "== bench, default path, decode bf16 over an NHD cache (the HND rows are above)"
+    run "${BENCH_LIMIT_S:-150}" "$CLI" bench --cases "decode b16 x 4096 bf16" --layout nhd \
+        --threads "1,$(nproc)" --repeats 3
 fi
 say "== check_cpu_native: $fails failed step(s)"
 exit "$fails"
