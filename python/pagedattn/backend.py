@@ -365,13 +365,13 @@ def _list(x):
     return list(np.asarray(x).reshape(-1))
 
 
-def _rows(x, n, name):
+def _rows(x, n, name, at_least=False):
     if x is None:
         return None
     if A.is_torch(x):
         x = x.detach().cpu().numpy()
     rows = [list(np.asarray(r).reshape(-1)) for r in x]
-    if len(rows) != n:
+    if len(rows) != n and (not at_least or len(rows) < n):
         raise ValueError("%s has %d rows for %d sequences" % (name, len(rows), n))
     return rows
 
@@ -720,7 +720,7 @@ def _leading(x, n):
 
 
 _V1_FIELDS = ("query_start_loc", "seq_lens", "block_table", "block_table_tensor",
-              "slot_mapping", "num_actual_tokens", "causal")
+              "slot_mapping", "num_actual_tokens", "causal", "num_reqs")
 _V1_CACHE_FIELDS = ("block_table", "block_table_tensor", "slot_mapping")
 _v1_cache = OrderedDict()
 _v1_lock = threading.Lock()
@@ -1008,7 +1008,7 @@ _VLLM_FIELDS = ("seq_lens_tensor", "num_prefill_tokens", "num_decode_tokens",
                 "use_cuda_graph", "max_query_len", "query_start_loc", "seq_start_loc",
                 # vLLM v1 (FlashAttentionMetadata, CommonAttentionMetadata)
                 "num_actual_tokens", "block_table", "block_table_tensor", "max_seq_len",
-                "use_cascade", "common_prefix_len")
+                "use_cascade", "common_prefix_len", "num_reqs")
 
 
 def _opt_list(x):
@@ -1023,7 +1023,7 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
                                encoder_seq_lens_tensor=None, cross_block_tables=None,
                                cross_slot_mapping=None, num_decode_tokens=None,
                                query_start_loc=None, block_table=None, block_table_tensor=None,
-                               num_actual_tokens=None, causal=True, **ignored):
+                               num_actual_tokens=None, causal=True, num_reqs=None, **ignored):
     sl = _opt_list(seq_lens) if seq_lens is not None else _opt_list(seq_lens_tensor)
     if sl is None:
         raise ValueError("vLLM-style metadata needs seq_lens or seq_lens_tensor")
@@ -1037,19 +1037,24 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
         # start locations (sequences in any order; a request may be a padding entry of no
         # tokens, which is left out)
         n = min(n, len(qsl) - 1)
+        if num_reqs is not None:  # (CommonAttentionMetadata: the arrays may be padded past it)
+            n = min(n, int(num_reqs))
         if n < 1 or qsl[0] != 0:
             raise ValueError("query_start_loc must hold num_reqs + 1 offsets from 0")
         ql = [qsl[i + 1] - qsl[i] for i in range(n)]
         keep = [i for i in range(n) if ql[i] != 0 or sl[i] != 0]
         if not keep:
             raise ValueError("the metadata holds no tokens")
-        if num_actual_tokens is not None and int(num_actual_tokens) != qsl[n] - qsl[0]:
-            raise ValueError("num_actual_tokens %d differs from the %d tokens of query_start_loc"
+        # num_actual_tokens may count padding tokens past the requests' (vLLM says so of
+        # CommonAttentionMetadata), never fewer
+        if num_actual_tokens is not None and int(num_actual_tokens) < qsl[n] - qsl[0]:
+            raise ValueError("num_actual_tokens %d is less than the %d tokens of query_start_loc"
                              % (int(num_actual_tokens), qsl[n] - qsl[0]))
         slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)[:qsl[n] - qsl[0]]
                  if slot_mapping is not None else None)
-        rows = _rows(block_tables, len(sl), "block_tables") if block_tables is not None and \
-            np.asarray(_list(block_tables)).size else None
+        # (v1's tables may have padding rows past the requests, as its other arrays)
+        rows = _rows(block_tables, n, "block_tables", at_least=True) if block_tables is not None \
+            and np.asarray(_list(block_tables)).size else None
         bs = int(block_size)
         b = PagedAttnMetadataBuilder(bs)
         return b.build(seq_lens=[sl[i] for i in keep], query_lens=[ql[i] for i in keep],

@@ -322,3 +322,33 @@ def test_v1_metadata_encoder_only(backend, rng):
         O.assert_close(out[s:s + n], ro, dt)
         s += n
     assert np.all(out[T:] == 4.0)
+
+
+def test_v1_common_metadata_padding(backend, rng):
+    """vLLM v1's CommonAttentionMetadata: num_reqs real requests, arrays padded past them (a
+    padded request may carry a stale length), num_actual_tokens counting padding tokens; the
+    builder's build(common_prefix_len, common_attn_metadata) and forward take it as it is."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(np.float32)
+    ctx_lens, q_lens = [12, 0], [1, 5]
+    cache, tabs, md, q, k, v, _ = _step(rng, be, dt, False, ctx_lens, q_lens)
+    T = sum(q_lens)
+    common = types.SimpleNamespace(
+        query_start_loc=md.query_start_loc, seq_lens=np.append(md.seq_lens[:2], [7]),
+        num_reqs=2, num_actual_tokens=T + 3, max_query_len=5, max_seq_len=13,
+        block_table_tensor=np.vstack([md.block_table, np.full((1, md.block_table.shape[1]), 39,
+                                                              np.int32)]),
+        slot_mapping=md.slot_mapping, causal=True)
+    impl = be.get_impl_cls()(H, D, 0.2, HKV)
+    built = be.get_builder_cls()(types.SimpleNamespace(block_size=BS), [], None, None).build(
+        0, common)
+    assert built.num_tokens == T and built.num_seqs == 2
+    c1, c2 = cache.copy(), cache.copy()
+    o1 = np.full((len(q), H, D), 6.0, dt)
+    o2 = np.full((len(q), H, D), 6.0, dt)
+    impl.forward(_layer(), q, k, v, c1, common, output=o1)
+    impl.forward(_layer(), q, k, v, c2, built, output=o2)
+    np.testing.assert_array_equal(o1, o2)
+    np.testing.assert_array_equal(c1, c2)
+    assert np.all(o1[T:] == 6.0)
+    O.assert_close(o1[:T], _oracle(q[:T], c1, tabs, ctx_lens, q_lens, False, 1, 1, 0.2), dt)
