@@ -126,6 +126,11 @@ def np_ptr(x):
 _TORCH_KINDS = None  # torch dtype -> library dtype, made on first use
 
 
+def is_torch_dtype(x):
+    t = type(x)
+    return t.__module__.startswith("torch") and t.__name__ == "dtype"
+
+
 def _torch_kind(t):
     global _TORCH_KINDS
     m = _TORCH_KINDS

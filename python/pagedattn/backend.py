@@ -938,6 +938,93 @@ class PagedAttnBackend:
         """The AttentionImpl class bound to this backend."""
         return self._impl_cls
 
+    # ---- vLLM v1's backend-selection queries ----
+
+    # every cache dtype vLLM names for these layouts; forward writes the new K/V itself
+    supported_kv_cache_dtypes = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+    forward_includes_kv_cache_update = True
+
+    def supports_dtype(self, dtype):
+        """Whether queries/outputs of ``dtype`` are taken (float32, float16, bfloat16; a torch or
+        numpy dtype or its name)."""
+        if A.is_torch_dtype(dtype):
+            name = str(dtype).replace("torch.", "")
+        else:
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = str(dtype)
+        return name in ("float32", "float16", "bfloat16")
+
+    def supports_kv_cache_dtype(self, kv_cache_dtype):
+        return kv_cache_dtype is None or kv_cache_dtype in self.supported_kv_cache_dtypes
+
+    @staticmethod
+    def get_supported_kernel_block_sizes():
+        """Every block size works: ``[1]``, read as "any multiple of 1" by vLLM."""
+        return [1]
+
+    def supports_block_size(self, block_size):
+        return block_size is None or (int(block_size) == block_size and block_size >= 1)
+
+    @staticmethod
+    def is_mla():
+        return False
+
+    @staticmethod
+    def is_sparse():
+        """vLLM's sparse (MLA indexer) attention; block-sparse attention is an impl parameter."""
+        return False
+
+    @staticmethod
+    def supports_sink():
+        return True
+
+    @staticmethod
+    def supports_attn_type(attn_type):
+        try:
+            _attn_type_code(attn_type)
+        except ValueError:
+            return False
+        return True
+
+    @staticmethod
+    def supports_non_causal():
+        """Non-causal attention over the paged cache in a decoder layer: no."""
+        return False
+
+    def supports_batch_invariance(self):
+        """The host backends give every sequence the same bits whatever else is in the batch and
+        whatever the thread count (tested); other backends are not promised here."""
+        return self._name in ("cpu", "reference")
+
+    def validate_configuration(self, head_size, dtype, kv_cache_dtype, block_size, use_mla=False,
+                               has_sink=False, use_sparse=False, use_mm_prefix=False,
+                               use_per_head_quant_scales=False, device_capability=None,
+                               attn_type="decoder", use_non_causal=False,
+                               use_batch_invariant=False, **unused):
+        """vLLM v1's check: the reasons this backend cannot take the configuration (empty: it
+        can)."""
+        why = []
+        for ok, reason in ((self.supports_head_size(head_size), "head_size not supported"),
+                           (self.supports_dtype(dtype), "dtype not supported"),
+                           (self.supports_kv_cache_dtype(kv_cache_dtype),
+                            "kv_cache_dtype not supported"),
+                           (self.supports_block_size(block_size), "block_size not supported"),
+                           (not use_mla, "MLA not supported"),
+                           (not use_sparse, "sparse not supported"),
+                           (not use_mm_prefix,
+                            "partial multimodal token full attention not supported"),
+                           (not use_per_head_quant_scales, "per-head quant scales not supported"),
+                           (self.supports_attn_type(attn_type),
+                            "attention type %s not supported" % (attn_type,)),
+                           (not use_non_causal, "non-causal attention not supported"),
+                           (not use_batch_invariant or self.supports_batch_invariance(),
+                            "batch invariance not supported")):
+            if not ok:
+                why.append(reason)
+        return why
+
     @staticmethod
     def get_metadata_cls():
         """The metadata class (:class:`PagedAttnMetadata`)."""

@@ -176,6 +176,7 @@ def test_torch_v1_layer_form(backend):
                  f(v), kv_np, nmd, output=out_np)
     np.testing.assert_array_equal(f(out[:6]), out_np)
     np.testing.assert_array_equal(kv.numpy(), kv_np)
+    assert be.supports_dtype(torch.bfloat16) and not be.supports_dtype(torch.float64)
 
 
 def test_torch_impl_forward_strided_inputs(backend):

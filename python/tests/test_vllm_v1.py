@@ -352,3 +352,23 @@ def test_v1_common_metadata_padding(backend, rng):
     np.testing.assert_array_equal(c1, c2)
     assert np.all(o1[T:] == 6.0)
     O.assert_close(o1[:T], _oracle(q[:T], c1, tabs, ctx_lens, q_lens, False, 1, 1, 0.2), dt)
+
+
+def test_v1_backend_selection_queries(backend):
+    be = pa.get_attn_backend(backend)
+    assert be.supports_dtype("bfloat16") and be.supports_dtype(np.float16)
+    assert be.supports_dtype(O.BF16) and not be.supports_dtype(np.float64)
+    assert be.supports_kv_cache_dtype("fp8_e5m2") and not be.supports_kv_cache_dtype("int8")
+    assert be.supports_block_size(5) and not be.supports_block_size(0)
+    assert not be.is_mla() and be.supports_sink() and not be.supports_non_causal()
+    assert all(be.supports_attn_type(t) for t in ("decoder", "encoder", "encoder_only",
+                                                   "encoder_decoder"))
+    assert not be.supports_attn_type("sideways")
+    assert be.supports_batch_invariance()
+    assert be.validate_configuration(128, "bfloat16", "fp8", 16, has_sink=True) == []
+    why = be.validate_configuration(513, "float64", "int8", 0, use_mla=True,
+                                    attn_type="sideways", use_non_causal=True)
+    assert why == ["head_size not supported", "dtype not supported",
+                   "kv_cache_dtype not supported", "block_size not supported",
+                   "MLA not supported", "attention type sideways not supported",
+                   "non-causal attention not supported"], why
