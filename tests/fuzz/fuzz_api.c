@@ -66,6 +66,7 @@ static int32_t pick(rd *r, int32_t lo, int32_t hi)
     uint8_t b = u8(r);
     if (b < 24) return SPECIAL32[b & 15];
     if (b == 24) return (int32_t)u32(r);
+    if (hi < lo) return lo; /* (an empty range from the caller's arithmetic) */
     uint32_t span = (uint32_t)((int64_t)hi - lo + 1);
     return (int32_t)((int64_t)lo + (int64_t)(u8(r) % span));
 }
@@ -77,7 +78,11 @@ static int64_t pick64(rd *r, int64_t lo, int64_t hi)
     uint8_t b = u8(r);
     if (b < 16) return special[b & 7];
     if (b == 16) return (int64_t)(((uint64_t)u32(r) << 32) | u32(r));
-    return lo + (int64_t)((uint64_t)u8(r) % (uint64_t)(hi - lo + 1));
+    /* an empty range (hi < lo, from the caller's arithmetic on drawn values) divided by zero
+     * here until a fuzz run found it (UBSan); the span in unsigned arithmetic */
+    if (hi < lo) return lo;
+    uint64_t span = (uint64_t)hi - (uint64_t)lo + 1;
+    return span ? (int64_t)((uint64_t)lo + (uint64_t)u8(r) % span) : lo + (int64_t)u8(r);
 }
 
 static float pick_float(rd *r)
