@@ -326,6 +326,18 @@ static float a2_exp_row(float *s, int n, float m)
 {
     __m256 vm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY), acc = _mm256_setzero_ps();
     int i = 0;
+    /* two vectors per step: their exp8 chains are independent, and written side by side the
+     * core's scheduler finds the second one's work while the first waits on its latency (the
+     * sums in the same order as one vector at a time) */
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(s + i), x1 = _mm256_loadu_ps(s + i + 8);
+        __m256 e0 = exp8(_mm256_sub_ps(x0, vm)), e1 = exp8(_mm256_sub_ps(x1, vm));
+        e0 = _mm256_blendv_ps(e0, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x0, ninf, _CMP_EQ_OQ)); /* masked: -0 */
+        e1 = _mm256_blendv_ps(e1, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x1, ninf, _CMP_EQ_OQ));
+        _mm256_storeu_ps(s + i, e0);
+        _mm256_storeu_ps(s + i + 8, e1);
+        acc = _mm256_add_ps(_mm256_add_ps(acc, e0), e1);
+    }
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(s + i);
         __m256 e = exp8(_mm256_sub_ps(x, vm));
