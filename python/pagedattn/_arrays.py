@@ -198,6 +198,48 @@ def view(x, name, write=False):
 _ELEM_STRIDES = {}
 
 
+def rows_fast(x, heads, D, output=False):
+    """A [T, heads, D] View of x, a numpy array or torch CPU tensor of f32/f16/bf16 shaped
+    [T, heads * D] or [T, heads, D] (T >= 1, heads and D > 1) whose heads and dims are contiguous
+    and whose rows follow each other without overlapping (numpy outputs: writable); else None,
+    for the general path (float_view and its row checks) to decide, copy or refuse."""
+    if heads < 2 or D < 2:
+        return None
+    hd = heads * D
+    if type(x) is np.ndarray:
+        kind = _NP_FLOAT.get(x.dtype)
+        shp = x.shape
+        if kind is None or not shp or shp[0] < 1 or (output and not x.flags.writeable):
+            return None
+        st, item = x.strides, x.itemsize
+        if len(shp) == 2:
+            fits = shp[1] == hd and st[1] == item
+        else:
+            fits = len(shp) == 3 and shp[1] == heads and shp[2] == D and st[2] == item and \
+                st[1] == D * item
+        rs = hd
+        if fits and shp[0] > 1:
+            rs = st[0] // item
+            fits = st[0] % item == 0 and rs >= hd
+        return View(x, np_ptr(x), (shp[0], heads, D), (rs, D, 1), kind, item, False) if fits \
+            else None
+    if is_torch(x) and x.is_cpu:
+        kind = torch_float_kind(x)
+        shp = x.shape
+        if kind is None or len(shp) not in (2, 3) or shp[0] < 1:
+            return None
+        st = x.stride()  # in elements
+        if len(shp) == 2:
+            fits = shp[1] == hd and st[1] == 1
+        else:
+            fits = shp[1] == heads and shp[2] == D and st[2] == 1 and st[1] == D
+        rs = hd if shp[0] == 1 else st[0]
+        if fits and rs >= hd:
+            return View(x, x.data_ptr(), (shp[0], heads, D), (rs, D, 1), kind, x.element_size(),
+                        True)
+    return None
+
+
 def float_view(x, name, allowed=(L.PA_DTYPE_F32, L.PA_DTYPE_F16, L.PA_DTYPE_BF16), write=False):
     v = view(x, name, write)
     if v.kind not in allowed:

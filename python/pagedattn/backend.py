@@ -778,43 +778,12 @@ def _v1_metadata(m, block_size, cached=True):
 
 
 def _heads_of(x, heads, D, name, output=False):
-    """_heads_view of array x: [T, heads*D] or [T, heads, D] -> a [T, heads, D] View. A numpy
-    array whose heads and dims are contiguous, and whose rows follow each other, takes a short
-    path (what an engine passes every layer); anything else the general one, with its checks,
-    copies and errors."""
-    if type(x) is np.ndarray and heads > 1 and D > 1:
-        kind = A.NP_FLOAT.get(x.dtype)
-        shp = x.shape
-        if kind is not None and shp and shp[0] > 0 and (not output or x.flags.writeable):
-            st, item = x.strides, x.itemsize
-            hd = heads * D
-            if len(shp) == 2:
-                fits = shp[1] == hd and st[1] == item
-            else:
-                fits = len(shp) == 3 and shp[1] == heads and shp[2] == D and st[2] == item and \
-                    st[1] == D * item
-            if fits:
-                rs = hd
-                if shp[0] > 1:
-                    rs = st[0] // item
-                    fits = st[0] % item == 0 and rs >= hd
-                if fits:
-                    return A.View(x, A.np_ptr(x), (shp[0], heads, D), (rs, D, 1), kind, item,
-                                  False)
-    elif heads > 1 and D > 1 and A.is_torch(x) and x.is_cpu:
-        kind = A.torch_float_kind(x)
-        shp = x.shape
-        if kind is not None and len(shp) in (2, 3) and shp[0] > 0:
-            st = x.stride()  # in elements
-            hd = heads * D
-            if len(shp) == 2:
-                fits = shp[1] == hd and st[1] == 1
-            else:
-                fits = shp[1] == heads and shp[2] == D and st[2] == 1 and st[1] == D
-            rs = hd if shp[0] == 1 else st[0]
-            if fits and rs >= hd:
-                return A.View(x, x.data_ptr(), (shp[0], heads, D), (rs, D, 1), kind,
-                              x.element_size(), True)
+    """_heads_view of array x: [T, heads*D] or [T, heads, D] -> a [T, heads, D] View. Ordinary
+    rows take a short path (A.rows_fast: what an engine passes every layer); anything else the
+    general one, with its checks, copies and errors."""
+    v = A.rows_fast(x, heads, D, output)
+    if v is not None:
+        return v
     return _heads_view(x, A.float_view(x, name, write=output), heads, D, name, output=output)
 
 

@@ -74,7 +74,11 @@ def _new_out(out, q, shape, name="out"):
     if out is None:
         obj = A.empty_like_rows(q, shape, q.kind)
         return obj, A.view(obj, name)
-    ov = A.float_view(out, name, write=True)
+    ov = None
+    if len(shape) == 3 and tuple(getattr(out, "shape", ())) == tuple(shape):
+        ov = A.rows_fast(out, shape[1], shape[2], output=True)  # (ordinary rows: the same View)
+    if ov is None:
+        ov = A.float_view(out, name, write=True)
     if ov.shape != tuple(shape):
         raise ValueError("%s must have shape %s, got %s" % (name, tuple(shape), ov.shape))
     if ov.kind != q.kind:
@@ -194,9 +198,11 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
                                k_scale, v_scale)
     if return_attn_probs:
         return_softmax_lse = True
-    qv = A.float_view(q, "q")
-    A.check_ndim(qv, "q", 3, "[total_q, num_heads, head_size]")
-    qv = A.input_rows(qv, "q")
+    qv = A.rows_fast(q, q.shape[1], q.shape[2]) if len(getattr(q, "shape", ())) == 3 else None
+    if qv is None:
+        qv = A.float_view(q, "q")
+        A.check_ndim(qv, "q", 3, "[total_q, num_heads, head_size]")
+        qv = A.input_rows(qv, "q")
     total_q, H, D = qv.shape
     cu_q = A.to_np(cu_seqlens_q, np.int64, "cu_seqlens_q", 1)
     if cu_q.size < 2:
