@@ -1073,6 +1073,13 @@ def _opt_list(x):
     return [int(v) for v in _list(x)]
 
 
+def _table_rows(x, n, name, at_least=False):
+    """_rows of vLLM-style block tables, None when absent or empty (no table at all)."""
+    if x is None or not np.asarray(_list(x)).size:
+        return None
+    return _rows(x, n, name, at_least=at_least)
+
+
 def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
                                seq_lens_tensor=None, context_lens_tensor=None, block_tables=None,
                                slot_mapping=None, encoder_seq_lens=None,
@@ -1109,8 +1116,7 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
         slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)[:qsl[n] - qsl[0]]
                  if slot_mapping is not None else None)
         # (v1's tables may have padding rows past the requests, as its other arrays)
-        rows = _rows(block_tables, n, "block_tables", at_least=True) if block_tables is not None \
-            and np.asarray(_list(block_tables)).size else None
+        rows = _table_rows(block_tables, n, "block_tables", at_least=True)
         bs = int(block_size)
         b = PagedAttnMetadataBuilder(bs)
         return b.build(seq_lens=[sl[i] for i in keep], query_lens=[ql[i] for i in keep],
@@ -1126,8 +1132,7 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
     slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)
              if slot_mapping is not None else None)
     tables = []
-    rows = _rows(block_tables, n, "block_tables") if block_tables is not None and \
-        np.asarray(_list(block_tables)).size else None
+    rows = _table_rows(block_tables, n, "block_tables")
     start = 0
     for i in range(n):
         need = -(-sl[i] // bs)
@@ -1142,9 +1147,7 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
         start += ql[i]
     enc = _opt_list(encoder_seq_lens) if encoder_seq_lens is not None else \
         _opt_list(encoder_seq_lens_tensor)
-    ctabs = None
-    if cross_block_tables is not None and np.asarray(_list(cross_block_tables)).size:
-        ctabs = _rows(cross_block_tables, n, "cross_block_tables")
+    ctabs = _table_rows(cross_block_tables, n, "cross_block_tables")
     b = PagedAttnMetadataBuilder(bs)
     return b.build(seq_lens=sl, query_lens=ql,
                    block_tables=None if all(t is None for t in tables) else
