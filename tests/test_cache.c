@@ -5,6 +5,7 @@
  * layouts, and merge_states. Every expected integer and value is written out. */
 #include "test.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* A recognisable byte pattern for "never written". */
@@ -371,6 +372,59 @@ static void test_alloc(void)
     pa_cache_free(NULL);
 }
 
+/* Pools of 4 MiB or more (pa_cache_alloc's header comment): 2 MiB aligned, zeroed, and on Linux
+ * advised for transparent huge pages. The advice is checked in /proc/self/smaps: the mapping
+ * holding the pool carries VmFlags "hg" (MADV_HUGEPAGE), whatever the system's THP mode. Until
+ * 2026-11-28 the advice compiled to nothing (alloc.c's feature macros hid MADV_HUGEPAGE). */
+static bool vma_flag(const void *addr, const char *flag)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[512];
+    bool in = false, found = false;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            for (char *t = line + 8; (t = strstr(t, want)) != NULL; t += strlen(want))
+                if (t[strlen(want)] == ' ' || t[strlen(want)] == '\n') found = true;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_alloc_large(void)
+{
+    pa_cache c;
+    /* 256 blocks x 16 tokens x 8 heads x 128 dims of bf16: 8 MiB per pool */
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_HND, PA_DTYPE_BF16, 256, 16, 8, 128));
+    CHECK_OK(pa_cache_alloc(&c));
+    CHECK(((uintptr_t)c.key % (2u << 20)) == 0 && ((uintptr_t)c.value % (2u << 20)) == 0);
+    const uint8_t *k = c.key, *v = c.value;
+    size_t bytes = (size_t)8 << 20, nonzero = 0;
+    for (size_t i = 0; i < bytes; i += 4093) nonzero += k[i] | v[i];
+    nonzero += k[bytes - 1] | v[bytes - 1];
+    CHECK_INT((int)nonzero, 0);
+#if defined(__linux__)
+    FILE *probe = fopen("/proc/self/smaps", "r");
+    if (probe) {
+        fclose(probe);
+        CHECK(vma_flag(c.key, "hg"));
+        CHECK(vma_flag(c.value, "hg"));
+        CHECK(vma_flag(v + bytes - 1, "hg"));
+    } else {
+        printf("  (skipped the huge-page advice check: /proc/self/smaps unreadable)\n");
+    }
+#endif
+    pa_cache_free(&c);
+}
+
 /* ---- copy_blocks ------------------------------------------------------------------------------ */
 
 /* Three layers (NHD f32, HND f16, interleaved fp8), 6 blocks each, pairs (1->4), (1->5), (2->0):
@@ -579,6 +633,7 @@ int main(void)
     test_write_interleaved();
     test_write_block_size_1();
     test_alloc();
+    test_alloc_large();
     test_copy_blocks();
     test_swap_blocks();
     test_merge_f32();

@@ -1,5 +1,7 @@
 /* alloc.c: the one allocator every library allocation goes through, replaceable by the caller. */
-#define _POSIX_C_SOURCE 200809L
+/* _DEFAULT_SOURCE: POSIX 2008 (posix_memalign) and, on Linux, MADV_HUGEPAGE; under
+ * _POSIX_C_SOURCE alone glibc hides MADV_HUGEPAGE and the advice below compiled to nothing */
+#define _DEFAULT_SOURCE
 #include "internal.h"
 
 #include <stdlib.h>
