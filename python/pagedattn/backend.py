@@ -497,9 +497,13 @@ class PagedAttnImpl:
           ``slot_mapping``, ``num_actual_tokens``, ``causal``): requests in any order, padding
           requests of no tokens and query/output rows past ``num_actual_tokens`` (left
           untouched) allowed; converted once per distinct content (``use_cascade`` needs no
-          special case: the tables and lengths are complete). ``None`` is vLLM's profiling run:
-          the output is returned untouched. ``output_scale`` (fused output quantization) is
-          not supported (NotImplementedError).
+          special case: the tables and lengths are complete). A cross-attention layer takes
+          v1's cross metadata (its ``CrossAttentionBuilder``'s: ``causal`` False, ``seq_lens``
+          the encoder lengths, ``block_table`` the cross cache's, ``slot_mapping`` the slots of
+          the encoder tokens in ``key``/``value``, which are written first); an encoder
+          self-attention layer needs a :class:`PagedAttnMetadata`. ``None`` is vLLM's
+          profiling run: the output is returned untouched. ``output_scale`` (fused output
+          quantization) is not supported (NotImplementedError).
 
         Args (first form):
             query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
@@ -534,12 +538,14 @@ class PagedAttnImpl:
         if md is None:  # vLLM's profiling run: nothing to attend, nothing written
             return output
         if not isinstance(md, PagedAttnMetadata):
-            if self.attn_type not in (L.PA_ATTN_DECODER, L.PA_ATTN_ENCODER_ONLY):
-                raise NotImplementedError("encoder and cross-attention layers need a "
+            if self.attn_type == L.PA_ATTN_ENCODER:
+                raise NotImplementedError("encoder self-attention layers need a "
                                           "PagedAttnMetadata (from the backend's builder)")
             bs = 1
             if kv_cache is not None and len(getattr(kv_cache, "shape", ())) == 5:
                 bs = int(kv_cache.shape[2])
+            if self.attn_type == L.PA_ATTN_ENCODER_DECODER:
+                return self._forward_v1_cross(query, key, value, kv_cache, md, bs, ks, vs, output)
             # an encoder-only layer has no cache: v1's block table and slots mean nothing to it
             md = _v1_metadata(md, bs, cached=self.attn_type == L.PA_ATTN_DECODER)
         at = self.attn_type
@@ -551,6 +557,50 @@ class PagedAttnImpl:
             key = value = None  # the cache belongs to another layer, which wrote these
         out = self._forward(_leading(query, n), _leading(key, nk), _leading(value, nk), kv_cache,
                             md, k_scale=ks, v_scale=vs, output=_leading(output, n))
+        return out if output is None else output
+
+    def _forward_v1_cross(self, query, key, value, kv_cache, m, bs, ks, vs, output):
+        """Cross-attention with vLLM v1's metadata (its CrossAttentionBuilder's): causal False,
+        seq_lens the encoder lengths, block_table the cross cache's tables, slot_mapping the
+        slots of the encoder tokens given this step (only requests whose encoder ran; none at
+        later steps). Those keys and values are written first (checked before anything is
+        written), then the decoder tokens attend to the whole cross cache."""
+        md = _v1_metadata(m, bs, cross=True)
+        n = md.num_tokens
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_size
+        qv = _heads_of(_leading(query, n), H, D, "query")
+        if qv.shape[0] != n:
+            raise ValueError("query has %d tokens; the metadata describes %d" % (qv.shape[0], n))
+        if output is not None:
+            ov = _heads_of(_leading(output, n), H, D, "output", output=True)
+            if ov.kind != qv.kind or ov.shape != qv.shape:
+                raise ValueError("output %s %s must match the query's %s %s"
+                                 % (ov.shape, ov.dtype_name(), qv.shape, qv.dtype_name()))
+        if kv_cache is None or len(getattr(kv_cache, "shape", ())) != 5 or kv_cache.shape[0] != 2:
+            raise ValueError("cross attention needs a kv_cache [2, num_blocks, block_size, "
+                             "num_kv_heads, head_size]")
+        nb = int(kv_cache.shape[1])
+        md.batch(nb, num_cross_blocks=nb)  # the tables checked against the pool, before a write
+        if (key is None) != (value is None):
+            raise ValueError("give both key and value, or neither")
+        slots = m.get("slot_mapping") if isinstance(m, dict) else getattr(m, "slot_mapping", None)
+        if key is not None and self.kv_sharing_target_layer_name is None and slots is not None:
+            slots = A.to_np(slots, np.int64, "slot_mapping", 1)
+            ne = slots.size
+            if key.shape[0] < ne or value.shape[0] < ne:
+                raise ValueError("key and value have %d and %d rows for %d encoder slots"
+                                 % (key.shape[0], value.shape[0], ne))
+            kr = _heads_of(_leading(key, ne), Hkv, D, "key")
+            vr = _heads_of(_leading(value, ne), Hkv, D, "value")
+            if kr.kind != vr.kind:
+                raise ValueError("key and value must have the same dtype")
+            ops.reshape_and_cache_flash(_leading(key, ne).reshape(ne, Hkv, D),
+                                        _leading(value, ne).reshape(ne, Hkv, D),
+                                        kv_cache[0], kv_cache[1], slots,
+                                        kv_cache_dtype=self.kv_cache_dtype, k_scale=ks,
+                                        v_scale=vs)
+        out = self._forward(_leading(query, n), None, None, kv_cache, md, k_scale=ks,
+                            v_scale=vs, output=_leading(output, n))
         return out if output is None else output
 
     def _forward(self, query, key, value, kv_cache, attn_metadata, k_scale=1.0, v_scale=1.0,
@@ -736,11 +786,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _v1_metadata(m, block_size, cached=True):
+def _v1_metadata(m, block_size, cached=True, cross=False):
     """PagedAttnMetadata of vLLM v1-style metadata (an object or a dict with its fields), made
     once per content: every layer of a step passes the same metadata, and the conversion walks
     every request, while the key is a copy of its arrays. cached False: the block tables and
-    slots are left out (a layer without a cache)."""
+    slots are left out (a layer without a cache). cross: the metadata of a cross-attention
+    layer (seq_lens are encoder lengths, block tables the cross cache's; its slots are the
+    encoder tokens', written by the caller)."""
     if isinstance(m, dict):
         fields = {k: m.get(k) for k in _V1_FIELDS}
     else:
@@ -752,8 +804,10 @@ def _v1_metadata(m, block_size, cached=True):
         raise TypeError("attn_metadata must be a PagedAttnMetadata or carry vLLM v1's fields "
                         "query_start_loc and seq_lens, got %s" % type(m).__name__)
     if fields["causal"] is None:
-        fields["causal"] = True
-    key = [block_size]
+        fields["causal"] = not cross
+    key = [block_size, bool(cross)]
+    if cross:
+        fields["slot_mapping"] = None
     for x in fields.values():
         if type(x) is not np.ndarray:
             if x is None or isinstance(x, (bool, int, np.integer)):
@@ -769,7 +823,8 @@ def _v1_metadata(m, block_size, cached=True):
         if md is not None:
             _v1_cache.move_to_end(key)
             return md
-    md = _metadata_from_vllm_fields(block_size=block_size, **fields)
+    md = (_v1_cross_metadata(block_size, **fields) if cross else
+          _metadata_from_vllm_fields(block_size=block_size, **fields))
     with _v1_lock:
         _v1_cache[key] = md
         while len(_v1_cache) > 4:
@@ -1080,6 +1135,57 @@ def _table_rows(x, n, name, at_least=False):
     return _rows(x, n, name, at_least=at_least)
 
 
+def _v1_requests(sl, qsl, num_reqs, num_actual_tokens):
+    """vLLM v1's requests: (n, query lengths) of seq_lens and query_start_loc, whose arrays may
+    be padded past num_reqs (CommonAttentionMetadata), as num_actual_tokens may count padding
+    tokens past the requests' (never fewer)."""
+    n = min(len(sl), len(qsl) - 1)
+    if num_reqs is not None:
+        n = min(n, int(num_reqs))
+    if n < 1 or qsl[0] != 0:
+        raise ValueError("query_start_loc must hold num_reqs + 1 offsets from 0")
+    ql = [qsl[i + 1] - qsl[i] for i in range(n)]
+    if num_actual_tokens is not None and int(num_actual_tokens) < qsl[n] - qsl[0]:
+        raise ValueError("num_actual_tokens %d is less than the %d tokens of query_start_loc"
+                         % (int(num_actual_tokens), qsl[n] - qsl[0]))
+    return n, ql
+
+
+def _v1_cross_metadata(block_size, query_start_loc=None, seq_lens=None, block_table=None,
+                       block_table_tensor=None, num_actual_tokens=None, causal=False,
+                       num_reqs=None, **ignored):
+    """The metadata of a cross-attention layer from vLLM v1's (CrossAttentionBuilder): per
+    request, the decoder tokens of query_start_loc attend (not causally) to seq_lens[i] encoder
+    tokens held by the cross cache blocks of its block_table row. Nothing is written through
+    it (the slots of both caches are -1; the caller writes the encoder K/V)."""
+    if causal:
+        raise NotImplementedError("cross-attention is not causal; this metadata says "
+                                  "causal=True")
+    if query_start_loc is None or seq_lens is None:
+        raise TypeError("cross-attention metadata needs query_start_loc and seq_lens")
+    sl, qsl = _opt_list(seq_lens), _opt_list(query_start_loc)
+    n, ql = _v1_requests(sl, qsl, num_reqs, num_actual_tokens)
+    keep = [i for i in range(n) if ql[i] != 0]
+    if not keep:
+        raise ValueError("the metadata holds no tokens")
+    if any(sl[i] < 0 for i in keep):
+        raise ValueError("seq_lens (encoder lengths) must be >= 0")
+    tables = block_table if block_table is not None else block_table_tensor
+    rows = _table_rows(tables, n, "block_table", at_least=True)
+    if rows is None:
+        raise ValueError("cross-attention needs block_table (the cross cache's tables)")
+    bs = int(block_size)
+    if bs < 1:
+        raise ValueError("block_size must be >= 1, got %d" % bs)
+    enc = [int(sl[i]) for i in keep]
+    ctabs = [[int(b) for b in rows[i][:-(-int(sl[i]) // bs)]] for i in keep]
+    qk = [int(ql[i]) for i in keep]
+    return PagedAttnMetadataBuilder(bs).build(
+        seq_lens=qk, query_lens=qk, num_prefills=len(keep), encoder_seq_lens=enc,
+        cross_block_tables=ctabs, slot_mapping=np.full(sum(qk), -1, np.int64),
+        cross_slot_mapping=np.full(sum(enc), -1, np.int64), causal=False)
+
+
 def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
                                seq_lens_tensor=None, context_lens_tensor=None, block_tables=None,
                                slot_mapping=None, encoder_seq_lens=None,
@@ -1099,20 +1205,10 @@ def _metadata_from_vllm_fields(block_size=16, num_prefills=None, seq_lens=None,
         # vLLM v1: no prefill/decode split; every request's new tokens are given by the query
         # start locations (sequences in any order; a request may be a padding entry of no
         # tokens, which is left out)
-        n = min(n, len(qsl) - 1)
-        if num_reqs is not None:  # (CommonAttentionMetadata: the arrays may be padded past it)
-            n = min(n, int(num_reqs))
-        if n < 1 or qsl[0] != 0:
-            raise ValueError("query_start_loc must hold num_reqs + 1 offsets from 0")
-        ql = [qsl[i + 1] - qsl[i] for i in range(n)]
+        n, ql = _v1_requests(sl, qsl, num_reqs, num_actual_tokens)
         keep = [i for i in range(n) if ql[i] != 0 or sl[i] != 0]
         if not keep:
             raise ValueError("the metadata holds no tokens")
-        # num_actual_tokens may count padding tokens past the requests' (vLLM says so of
-        # CommonAttentionMetadata), never fewer
-        if num_actual_tokens is not None and int(num_actual_tokens) < qsl[n] - qsl[0]:
-            raise ValueError("num_actual_tokens %d is less than the %d tokens of query_start_loc"
-                             % (int(num_actual_tokens), qsl[n] - qsl[0]))
         slots = (A.to_np(slot_mapping, np.int64, "slot_mapping", 1)[:qsl[n] - qsl[0]]
                  if slot_mapping is not None else None)
         # (v1's tables may have padding rows past the requests, as its other arrays)

@@ -150,18 +150,22 @@ def one_call(d):
         kv_cache = d.array((2, nb, bs, Hk, D), dt if rng.random() < 0.9 else None)
         kept.append((kv_cache, kv_cache.copy()))
         v1 = rng.random() < 0.4  # vLLM v1's call: forward(layer, ...) over its own metadata
+        # (a third of them to a cross-attention layer: sl are then encoder lengths)
+        cross = v1 and rng.random() < 0.33
         if v1:
-            md = _v1_fields(d, sl, ql, tables, nbs, max(nb, 1))
+            md = _v1_fields(d, sl, ql, tables, nbs, max(nb, 1), cross)
         else:
             md = backend.make_metadata_builder(d.jig(16) if rng.random() < 0.2 else nbs).build(
                 seq_lens=sl.tolist(), query_lens=ql.tolist(), block_tables=tables)
         impl = backend.get_impl_cls()(H, D, d.pick(0.1, -1.0, 0.0), d.jig(Hk),
                                       sliding_window=d.pick(None, None, 4, -1),
                                       alibi_slopes=kw.get("alibi_slopes"),
-                                      kv_cache_dtype=kw.get("kv_cache_dtype", "auto"))
+                                      kv_cache_dtype=kw.get("kv_cache_dtype", "auto"),
+                                      attn_type="encoder_decoder" if cross else "decoder")
         T = int(ql.sum()) + d.jig(0)
         x = d.array((T, d.jig(H) * D), dt)
-        kv = d.array((T, Hk * D), dt)
+        nk = len(md.get("slot_mapping", ())) + d.jig(0) if cross else T
+        kv = d.array((nk, Hk * D), dt)
         out = d.array((T, H * D), dt) if rng.random() < 0.3 else None
         if out is not None:
             kept.append((out, out.copy()))
@@ -253,9 +257,10 @@ def one_call(d):
                              d.array((H, T), np.dtype(np.float32)) if rng.random() < 0.3 else None)
 
 
-def _v1_fields(d, sl, ql, tables, bs, nb):
+def _v1_fields(d, sl, ql, tables, bs, nb, cross=False):
     """vLLM v1-style metadata (a dict) of the drawn step, with a padding request, padded slots
-    and (sometimes) a perturbed field."""
+    and (sometimes) a perturbed field. cross: a cross-attention layer's (sl are encoder
+    lengths; the slots are the encoder tokens of a drawn subset of the requests)."""
     rng = d.rng
     n = len(sl)
     qsl = np.zeros(n + 2, np.int64)
@@ -269,21 +274,23 @@ def _v1_fields(d, sl, ql, tables, bs, nb):
     if 0 <= total < 1000 and int(ql.min(initial=0)) >= 0:
         slots = []
         for t, s, q in zip(tables, sl, ql):
-            for p in range(int(s) - int(q), int(s)):
+            if cross and rng.random() < 0.4:
+                continue  # this request's encoder K/V are already cached
+            for p in range(0 if cross else int(s) - int(q), int(s)):
                 b = t[p // bs] if 0 <= p // bs < len(t) else -1
                 slots.append(int(b) * bs + p % bs if b >= 0 else -1)
-        slots = np.array(slots + [-1] * 3, np.int64)
+        slots = np.array(slots + ([] if cross else [-1] * 3), np.int64)
     else:
         slots = d.ints(64, nb * bs, np.int64)
     f = dict(query_start_loc=qsl.astype(np.int32), seq_lens=np.append(sl, 0).astype(np.int32),
-             block_table=bt, slot_mapping=slots, num_actual_tokens=total, causal=True)
+             block_table=bt, slot_mapping=slots, num_actual_tokens=total, causal=not cross)
     r = rng.random()
     if r < 0.05:
         f["num_actual_tokens"] = d.jig(total, 1.0)
     elif r < 0.1:
         f["query_start_loc"][rng.integers(n + 2)] = d.pick(-1, 0, 2 ** 31 - 1)
     elif r < 0.13:
-        f["causal"] = False
+        f["causal"] = cross
     elif r < 0.16:
         del f[d.pick("query_start_loc", "seq_lens", "block_table", "slot_mapping")]
     return f

@@ -136,6 +136,22 @@ def test_torch_cache_in_stride_order(backend):
     assert not torch.isnan(outs[0].float()).any()
 
 
+def _same_as_numpy(impl, md, q, k, v, out, kv, kv_np, T):
+    """The step of a v1 torch call (bf16 tensors, fp8 cache with scales 0.5 / 0.25, metadata
+    md, whose output was `out` and cache `kv`) repeated over numpy arrays, starting from the
+    cache kv_np held before it: the same output rows and cache bits."""
+    import types
+    nmd = {name: getattr(md, name) for name in ("num_actual_tokens", "causal")}
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        nmd[name] = getattr(md, name).numpy()
+    f = lambda t: t.view(torch.int16).numpy().view(O.BF16)  # noqa: E731
+    out_np = np.empty((T,) + tuple(out.shape[1:]), O.BF16)
+    impl.forward(types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=0.25), f(q), f(k),
+                 f(v), kv_np, nmd, output=out_np)
+    np.testing.assert_array_equal(f(out[:T]), out_np)
+    np.testing.assert_array_equal(kv.numpy(), kv_np)
+
+
 def test_torch_v1_layer_form(backend):
     """vLLM v1's call: forward(layer, ...) with torch metadata, a tensor scale on the layer and
     padded rows; the same bits as the numpy arrays of the same step."""
@@ -167,16 +183,42 @@ def test_torch_v1_layer_form(backend):
     kv_np = kv.numpy().copy()
     assert impl.forward(layer, q, k, v, kv, md, output=out) is out
     assert bool((out[6:] == 5.0).all())
-    nmd = dict(num_actual_tokens=6, query_start_loc=md.query_start_loc.numpy(),
-               seq_lens=md.seq_lens.numpy(), block_table=table.numpy(),
-               slot_mapping=slots.numpy(), causal=True)
-    f = lambda t: t.view(torch.int16).numpy().view(O.BF16)  # noqa: E731
-    out_np = np.empty((6, H, D), O.BF16)
-    impl.forward(types.SimpleNamespace(_k_scale_float=0.5, _v_scale_float=0.25), f(q), f(k),
-                 f(v), kv_np, nmd, output=out_np)
-    np.testing.assert_array_equal(f(out[:6]), out_np)
-    np.testing.assert_array_equal(kv.numpy(), kv_np)
+    _same_as_numpy(impl, md, q, k, v, out, kv, kv_np, 6)
     assert be.supports_dtype(torch.bfloat16) and not be.supports_dtype(torch.float64)
+
+
+def test_torch_v1_cross_layer(backend):
+    """A cross-attention layer under vLLM v1 with torch tensors (fp8 cross cache, bf16
+    activations): the encoder K/V of the second request written through the v1 slots, the
+    first request's already cached; the same output and cache bits as the numpy arrays of the
+    same step."""
+    import types
+    be = pa.get_attn_backend(backend)
+    g = torch.Generator().manual_seed(2)
+    H, Hkv, D, bs, nb = 4, 2, 32, 8, 12
+    kv = torch.full(tuple(be.get_kv_cache_shape(nb, bs, Hkv, D)), 0x7F, dtype=torch.uint8)
+    impl = be.get_impl_cls()(H, D, 0.25, Hkv, None, None, "fp8", None, "encoder_decoder")
+    enc = [11, 9]
+    table = torch.tensor([[4, 1, 0], [9, 6, 0], [0, 0, 0]], dtype=torch.int32)  # + padding row
+    p0, p1 = torch.arange(enc[0]), torch.arange(enc[1])
+    pa.reshape_and_cache_flash(torch.randn(enc[0], Hkv, D, generator=g),
+                               torch.randn(enc[0], Hkv, D, generator=g), kv[0], kv[1],
+                               (table[0, p0 // bs] * bs + p0 % bs).long(), kv_cache_dtype="fp8",
+                               k_scale=0.5, v_scale=0.25)
+    slots = (table[1, p1 // bs] * bs + p1 % bs).long()
+    md = types.SimpleNamespace(num_actual_tokens=4, query_start_loc=torch.tensor(
+        [0, 3, 4, 4], dtype=torch.int32), seq_lens=torch.tensor(enc + [0], dtype=torch.int32),
+        block_table=table, slot_mapping=slots, causal=False)
+    layer = types.SimpleNamespace(_k_scale=torch.tensor(0.5), _v_scale=torch.tensor(0.25))
+    q = torch.randn(6, H, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(enc[1], Hkv * D, generator=g).to(torch.bfloat16)
+    v = torch.randn(enc[1], Hkv * D, generator=g).to(torch.bfloat16)
+    out = torch.full((6, H, D), 5.0, dtype=torch.bfloat16)
+    kv_np = kv.numpy().copy()
+    assert impl.forward(layer, q, k, v, kv, md, output=out) is out
+    assert bool((out[4:] == 5.0).all())
+    assert not np.array_equal(kv.numpy(), kv_np)  # the second request's K/V went in
+    _same_as_numpy(impl, md, q, k, v, out, kv, kv_np, 4)
 
 
 def test_torch_impl_forward_strided_inputs(backend):

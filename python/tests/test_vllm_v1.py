@@ -372,3 +372,133 @@ def test_v1_backend_selection_queries(backend):
                    "kv_cache_dtype not supported", "block_size not supported",
                    "MLA not supported", "attention type sideways not supported",
                    "non-causal attention not supported"], why
+
+
+def _cross_step(rng, be, dt, enc_lens, q_lens, new, pad_tokens=3):
+    """vLLM v1's metadata of a cross-attention layer (its CrossAttentionBuilder's): causal
+    False, seq_lens = encoder lengths, block_table = the cross cache's tables (rows padded past
+    the blocks needed, and a padding request), slot_mapping = the encoder slots of the requests
+    in `new` (whose encoder ran this step), in request order. Returns the NaN-filled cross cache
+    holding the other requests' encoder K/V, the tables, the metadata, and the key/value rows
+    of the new requests (plus padded rows)."""
+    shape = be.get_kv_cache_shape(NB, BS, HKV, D)
+    cache = np.full(shape, np.nan, np.float32).astype(dt)
+    tabs = tables(rng, enc_lens, BS, NB)
+    rows, slots = [], []
+    for i, (t, e) in enumerate(zip(tabs, enc_lens)):
+        pos = np.arange(e)
+        kv = [rng.standard_normal((e, HKV, D)).astype(np.float32).astype(dt) for _ in range(2)]
+        if i in new:
+            rows.append(kv)
+            slots.extend((t[pos // BS].astype(np.int64) * BS + pos % BS).tolist())
+        else:
+            for half in (0, 1):
+                cache[half][t[pos // BS], pos % BS] = kv[half]
+    n_req = len(q_lens)
+    T = sum(q_lens)
+    qsl = np.zeros(n_req + 2, np.int32)
+    qsl[1:n_req + 1] = np.cumsum(q_lens)
+    qsl[n_req + 1] = T
+    bt = np.zeros((n_req + 1, max(len(t) for t in tabs) + 2), np.int32)
+    for i, t in enumerate(tabs):
+        bt[i, :len(t)] = t
+    md = V1Metadata(num_actual_tokens=T, max_query_len=max(q_lens), query_start_loc=qsl,
+                    max_seq_len=max(enc_lens), seq_lens=np.array(enc_lens + [0], np.int32),
+                    block_table=bt, slot_mapping=np.array(slots, np.int64), causal=False)
+    key = value = None
+    if rows:
+        ne = sum(len(r[0]) for r in rows)
+        key = np.full((ne + pad_tokens, HKV, D), np.nan, np.float32).astype(dt)
+        value = key.copy()
+        key[:ne] = np.concatenate([r[0] for r in rows])
+        value[:ne] = np.concatenate([r[1] for r in rows])
+    return cache, tabs, md, key, value
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_v1_cross_attention(backend, rng, dtype):
+    """An encoder-decoder model's cross-attention layer under vLLM v1: a step where two of three
+    requests bring their encoder output (written through the v1 slots, the third's already
+    cached), then a decode step (key = value = None) over the cache: outputs against the
+    oracle over the cross cache, padded rows untouched, nothing else of the cache changed."""
+    be = pa.get_attn_backend(backend)
+    dt = np.dtype(dtype) if dtype != "bfloat16" else O.BF16
+    enc_lens, q_lens = [13, 21, 7], [3, 1, 2]
+    cache, tabs, md, key, value = _cross_step(rng, be, dt, enc_lens, q_lens, new=(0, 2))
+    scale = 1 / math.sqrt(D)
+    impl = be.get_impl_cls()(H, D, scale, HKV, None, None, "auto", None, "encoder_decoder")
+    before = cache.copy()
+
+    def check(q, out, T):
+        s = 0
+        for i, n in enumerate(q_lens):
+            K = O.gather(cache[0], tabs[i], enc_lens[i])
+            V = O.gather(cache[1], tabs[i], enc_lens[i])
+            ref, _ = O.attention(q[s:s + n], K, V, np.arange(n), scale=scale, causal=False)
+            O.assert_close(out[s:s + n], ref, dt)
+            s += n
+        assert np.all(np.asarray(out[T:], np.float32) == 5.0), "a padded output row was written"
+
+    T = sum(q_lens)
+    q = randn(rng, (T + 4, H, D), dt)
+    q[T:] = np.nan
+    out = np.full((T + 4, H, D), 5.0, np.float32).astype(dt)
+    assert impl.forward(_layer(), q, key, value, cache, md, output=out) is out
+    # the new requests' encoder K/V went where the slots say; nothing else changed
+    s = 0
+    for i in (0, 2):
+        pos = np.arange(enc_lens[i])
+        for half, x in ((0, key), (1, value)):
+            np.testing.assert_array_equal(
+                np.asarray(cache[half][tabs[i][pos // BS], pos % BS], np.float32),
+                np.asarray(x[s:s + enc_lens[i]], np.float32))
+        s += enc_lens[i]
+    written = np.zeros(cache.shape[1:3], bool)
+    for i in (0, 2):
+        pos = np.arange(enc_lens[i])
+        written[tabs[i][pos // BS], pos % BS] = True
+    u = lambda c: np.asarray(c).view(np.uint16 if dt.itemsize == 2 else np.uint32)  # noqa: E731
+    np.testing.assert_array_equal(u(cache[:, ~written]), u(before[:, ~written]))
+    check(q, out, T)
+    # decode: one token per request, the encoder K/V only read
+    md2 = dataclasses.replace(md, num_actual_tokens=3, max_query_len=1,
+                              query_start_loc=np.array([0, 1, 2, 3, 3], np.int32),
+                              slot_mapping=np.zeros(0, np.int64))
+    q_lens[:] = [1, 1, 1]
+    q2 = randn(rng, (5, H, D), dt)
+    out2 = np.full((5, H, D), 5.0, np.float32).astype(dt)
+    snap = cache.copy()
+    impl.forward(_layer(), q2, None, None, cache, md2, output=out2)
+    np.testing.assert_array_equal(u(cache), u(snap))
+    check(q2, out2, 3)
+
+
+def test_v1_cross_attention_bad_input(rng):
+    """Malformed v1 cross-attention calls raise and leave the cache and output as they were."""
+    be = pa.get_attn_backend("cpu")
+    dt = np.dtype(np.float32)
+    enc_lens, q_lens = [9, 12], [2, 1]
+    cache, tabs, md, key, value = _cross_step(rng, be, dt, enc_lens, q_lens, new=(0, 1))
+    impl = be.get_impl_cls()(H, D, 0.2, HKV, attn_type="encoder_decoder")
+    q = randn(rng, (3, H, D), dt)
+    ne = sum(enc_lens)
+    bad_tab = md.block_table.copy()
+    bad_tab[1, 0] = NB  # outside the pool
+    bad_slots = md.slot_mapping.copy()
+    bad_slots[3] = NB * BS  # outside the pool
+    cases = [
+        (dict(causal=True), key, value, NotImplementedError),
+        (dict(block_table=bad_tab), key, value, ValueError),
+        (dict(slot_mapping=bad_slots), key, value, ValueError),
+        ({}, key[:ne - 1], value[:ne - 1], ValueError),  # fewer rows than slots
+        ({}, key, None, ValueError),
+        (dict(query_start_loc=np.array([0, 2, 4, 4], np.int32), num_actual_tokens=4), key, value,
+         ValueError),  # more query tokens than given
+    ]
+    for change, k, v, exc in cases:
+        c = cache.copy()
+        out = np.full((3, H, D), 5.0, np.float32)
+        with pytest.raises(exc):
+            impl.forward(_layer(), q, k, v, c, dataclasses.replace(md, **change), output=out)
+        np.testing.assert_array_equal(c.view(np.uint32), cache.view(np.uint32), err_msg=str(change))
+        assert np.all(out == 5.0), str(change)
