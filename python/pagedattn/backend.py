@@ -500,10 +500,11 @@ class PagedAttnImpl:
           special case: the tables and lengths are complete). A cross-attention layer takes
           v1's cross metadata (its ``CrossAttentionBuilder``'s: ``causal`` False, ``seq_lens``
           the encoder lengths, ``block_table`` the cross cache's, ``slot_mapping`` the slots of
-          the encoder tokens in ``key``/``value``, which are written first); an encoder
-          self-attention layer needs a :class:`PagedAttnMetadata`. ``None`` is vLLM's
-          profiling run: the output is returned untouched. ``output_scale`` (fused output
-          quantization) is not supported (NotImplementedError).
+          the encoder tokens in ``key``/``value``, which are written first); encoder and
+          encoder-only layers take it as v1 runs both, attention among each request's own
+          tokens (causal only if it says ``causal=True``). ``None`` is vLLM's profiling run:
+          the output is returned untouched. ``output_scale`` (fused output quantization) is
+          not supported (NotImplementedError).
 
         Args (first form):
             query: ``[num_tokens, num_heads * head_size]`` (or ``[num_tokens, num_heads,
@@ -538,16 +539,14 @@ class PagedAttnImpl:
         if md is None:  # vLLM's profiling run: nothing to attend, nothing written
             return output
         if not isinstance(md, PagedAttnMetadata):
-            if self.attn_type == L.PA_ATTN_ENCODER:
-                raise NotImplementedError("encoder self-attention layers need a "
-                                          "PagedAttnMetadata (from the backend's builder)")
             bs = 1
             if kv_cache is not None and len(getattr(kv_cache, "shape", ())) == 5:
                 bs = int(kv_cache.shape[2])
             if self.attn_type == L.PA_ATTN_ENCODER_DECODER:
                 return self._forward_v1_cross(query, key, value, kv_cache, md, bs, ks, vs, output)
-            # an encoder-only layer has no cache: v1's block table and slots mean nothing to it
-            md = _v1_metadata(md, bs, cached=self.attn_type == L.PA_ATTN_DECODER)
+            if self.attn_type in (L.PA_ATTN_ENCODER, L.PA_ATTN_ENCODER_ONLY):
+                return self._forward_v1_encoder(query, key, value, md, ks, vs, output)
+            md = _v1_metadata(md, bs)
         at = self.attn_type
         # query rows: the decoder's tokens, or the encoder's for encoder self-attention; key
         # rows: the encoder's for encoder and cross layers
@@ -557,6 +556,21 @@ class PagedAttnImpl:
             key = value = None  # the cache belongs to another layer, which wrote these
         out = self._forward(_leading(query, n), _leading(key, nk), _leading(value, nk), kv_cache,
                             md, k_scale=ks, v_scale=vs, output=_leading(output, n))
+        return out if output is None else output
+
+    def _forward_v1_encoder(self, query, key, value, m, ks, vs, output):
+        """Encoder and encoder-only layers with vLLM v1's metadata, which runs both alike (its
+        FlashAttention backend's encoder path): each request's tokens (query_start_loc) attend
+        to each other, no cache (v1's block table and slots mean nothing to them), causally
+        when the metadata says causal=True (v1's encoder-only builder says False)."""
+        causal = m.get("causal") if isinstance(m, dict) else getattr(m, "causal", None)
+        md = _v1_metadata(m, 1, cached=False)
+        if key is None or value is None:
+            raise ValueError("encoder attention needs key and value")
+        n = md.num_tokens
+        out = self._forward(_leading(query, n), _leading(key, n), _leading(value, n), None, md,
+                            k_scale=ks, v_scale=vs, output=_leading(output, n),
+                            attn_type="decoder" if causal else "encoder_only")
         return out if output is None else output
 
     def _forward_v1_cross(self, query, key, value, kv_cache, m, bs, ks, vs, output):

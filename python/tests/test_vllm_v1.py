@@ -298,9 +298,14 @@ def test_layer_form_encoder_decoder(backend, rng):
             np.testing.assert_array_equal(c1, c2)
 
 
-def test_v1_metadata_encoder_only(backend, rng):
-    """An encoder-only layer (BERT-like) with vLLM v1's metadata: causal=False, no cache, a block
-    table of zeros and slots that mean nothing to it; bidirectional attention per request."""
+@pytest.mark.parametrize("attn_type,causal", [("encoder_only", False), ("encoder", False),
+                                               ("encoder_only", True), ("encoder", True)])
+def test_v1_metadata_encoder_only(backend, rng, attn_type, causal):
+    """An encoder-only layer (BERT-like) or an encoder-decoder model's encoder with vLLM v1's
+    metadata, which runs both alike: no cache, a block table of zeros and slots that mean
+    nothing to them; attention among each request's tokens, bidirectional for causal=False (what
+    v1's encoder-only builder says), causal for causal=True (as v1's FlashAttention backend
+    computes it then)."""
     be = pa.get_attn_backend(backend)
     dt = np.dtype(np.float32)
     lens = [9, 4, 1]
@@ -309,8 +314,8 @@ def test_v1_metadata_encoder_only(backend, rng):
                     query_start_loc=np.concatenate([[0], np.cumsum(lens), [T]]).astype(np.int32),
                     max_seq_len=9, seq_lens=np.array(lens + [0], np.int32),
                     block_table=np.zeros((4, 1), np.int32),
-                    slot_mapping=np.full(T + 3, -1, np.int64), causal=False)
-    impl = be.get_impl_cls()(H, D, 0.2, HKV, None, None, "auto", None, "encoder_only", None)
+                    slot_mapping=np.full(T + 3, -1, np.int64), causal=causal)
+    impl = be.get_impl_cls()(H, D, 0.2, HKV, None, None, "auto", None, attn_type, None)
     q = randn(rng, (T + 3, H, D), dt)
     k, v = randn(rng, (T + 3, HKV, D), dt), randn(rng, (T + 3, HKV, D), dt)
     out = np.full((T + 3, H, D), 4.0, dt)
@@ -318,7 +323,7 @@ def test_v1_metadata_encoder_only(backend, rng):
     s = 0
     for n in lens:
         ro, _ = O.attention(q[s:s + n], k[s:s + n], v[s:s + n], np.arange(n), scale=0.2,
-                            causal=False)
+                            causal=causal)
         O.assert_close(out[s:s + n], ro, dt)
         s += n
     assert np.all(out[T:] == 4.0)
