@@ -316,7 +316,12 @@ static void measure_limits(int threads, int quick, unsigned char *buf, size_t by
 enum { HD = 128, BLK = 16 };
 static int HQ = 32, HKV = 8; /* --heads */
 static int LAYOUT = -1;        /* --layout: a pa_cache_layout, or -1 for the backend's preferred one */
-static int IN_ORDER = 0;       /* --blocks in-order: block tables 0, 1, 2, ... instead of shuffled */
+/* --blocks: shuffled (default), in-order (0, 1, 2, ...) or hot (every decode's context in the
+ * same HOT_BLOCKS blocks: the KV a step reads stays in the caches, so the arithmetic is timed
+ * alone; the fraction is then of the compute peak only) */
+enum { BLOCKS_SHUFFLED, BLOCKS_IN_ORDER, BLOCKS_HOT, HOT_BLOCKS = 2 };
+static int BLOCKS = BLOCKS_SHUFFLED;
+static const char *const BLOCKS_NAME[] = {"shuffled", "in-order", "hot"};
 
 typedef struct {
     char name[64];
@@ -385,7 +390,7 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     int nseq = c->nprefill + c->ndecode;
     pa_seq *seqs = calloc((size_t)nseq, sizeof *seqs);
     int32_t *tables = NULL;
-    int64_t blocks = 0;
+    int64_t blocks = 0; /* table entries */
     for (int s = 0; s < nseq; s++) {
         int pre = s < c->nprefill;
         int64_t len = pre ? c->prefill_len : c->decode_ctx + 1;
@@ -394,13 +399,25 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     tables = malloc((size_t)blocks * sizeof *tables);
     for (int64_t i = 0; i < blocks; i++) tables[i] = (int32_t)i;
     /* an engine's block tables point all over the pool once requests have come and gone (vLLM
-     * hands out blocks from a free list): a fixed shuffle, unless --blocks in-order */
+     * hands out blocks from a free list): a fixed shuffle, unless --blocks in-order or hot */
     uint64_t x = 0x9e3779b97f4a7c15u;
-    for (int64_t i = blocks - 1; i > 0 && !IN_ORDER; i--) {
+    for (int64_t i = blocks - 1; i > 0 && BLOCKS == BLOCKS_SHUFFLED; i--) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         int64_t j = (int64_t)(x % (uint64_t)(i + 1));
         int32_t t = tables[i];
         tables[i] = tables[j], tables[j] = t;
+    }
+    if (BLOCKS == BLOCKS_HOT) {
+        /* a decode's context blocks: the pool's first HOT_BLOCKS, over and over; its last block
+         * (where its new token is written) and a prefill's blocks: their own, after them */
+        int64_t b = 0, next = HOT_BLOCKS;
+        for (int s = 0; s < nseq; s++) {
+            int pre = s < c->nprefill;
+            int64_t nb = ((pre ? c->prefill_len : c->decode_ctx + 1) + BLK - 1) / BLK;
+            for (int64_t j = 0; j < nb; j++, b++)
+                tables[b] = (int32_t)(!pre && j < nb - 1 ? j % HOT_BLOCKS : next++);
+        }
+        blocks = next; /* pool blocks */
     }
     int64_t b0 = 0;
     S->ntok = 0;
@@ -432,6 +449,7 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     if (S->nlayers < 1) S->nlayers = 1;
     if (S->nlayers > 16) S->nlayers = 16;
     if (tiny) S->nlayers = 1; /* the scalar reference is compute-bound: one layer is enough */
+    if (BLOCKS == BLOCKS_HOT) S->nlayers = 1; /* the point: one layer's few blocks stay cached */
     S->caches = calloc((size_t)S->nlayers, sizeof *S->caches);
     unsigned char *pat = malloc(65536);
     random_pattern(c->cache, pat, 65536, 42);
@@ -554,6 +572,7 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
     bool bf16 = S->c.io == PA_DTYPE_BF16 && S->c.cache == PA_DTYPE_BF16 && L->bf16_gflops > 0;
     double peak = bf16 ? L->bf16_gflops : L->fma_gflops;
     double tm = S->kv_bytes / (L->read_gbs * 1e9), tc = S->flops / (peak * 1e9);
+    if (BLOCKS == BLOCKS_HOT) tm = 0; /* the KV comes from the caches: the compute floor alone */
     R->floor_s = tm > tc ? tm : tc;
     R->bound = tm > tc ? "memory" : bf16 ? "bf16 dot" : "fp32 fma";
     R->frac = R->floor_s / R->tmed;
@@ -597,6 +616,9 @@ static void usage(FILE *f)
             "  --blocks B       block tables: shuffled (default: each sequence's blocks spread over\n"
             "                   the pool in a fixed random order, as an engine's free list leaves them)\n"
             "                   or in-order (0, 1, 2, ...: consecutive blocks adjacent in memory)\n"
+            "                   or hot (every decode's context in the same 2 blocks, its last block its\n"
+            "                   own: the KV stays in the caches, so a decode's arithmetic is timed\n"
+            "                   alone, to set beside a default run; frac is then of the compute peak)\n"
             "  --json           machine-readable output on stdout\n"
             "Cases: 32 query / 8 KV heads x 128 (or --heads), block 16, the backend's preferred cache\n"
             "layout (or --layout), shuffled block tables (or --blocks).\n"
@@ -667,10 +689,11 @@ int pa_tool_bench(int argc, char **argv)
             }
             HQ = hq, HKV = hkv, i++;
         } else if (!strcmp(a, "--blocks") && val) {
-            if (!strcmp(val, "in-order")) IN_ORDER = 1;
-            else if (!strcmp(val, "shuffled")) IN_ORDER = 0;
+            if (!strcmp(val, "in-order")) BLOCKS = BLOCKS_IN_ORDER;
+            else if (!strcmp(val, "shuffled")) BLOCKS = BLOCKS_SHUFFLED;
+            else if (!strcmp(val, "hot")) BLOCKS = BLOCKS_HOT;
             else {
-                fprintf(stderr, "bench: bad --blocks '%s' (shuffled or in-order)\n", val);
+                fprintf(stderr, "bench: bad --blocks '%s' (shuffled, in-order or hot)\n", val);
                 return 2;
             }
             i++;
@@ -802,7 +825,10 @@ int pa_tool_bench(int argc, char **argv)
         printf("  cache layout: %s; block tables %s\n",
                LAYOUT < 0 ? "each backend's preferred (`pagedattn info`)"
                : LAYOUT == PA_LAYOUT_NHD ? "NHD (--layout)" : "HND (--layout)",
-               IN_ORDER ? "in order (--blocks in-order)" : "shuffled over the pool");
+               BLOCKS == BLOCKS_IN_ORDER ? "in order (--blocks in-order)"
+               : BLOCKS == BLOCKS_HOT ? "hot (--blocks hot: each decode's context in the same 2 "
+                                        "blocks, cache-resident; frac of the compute peak)"
+                                      : "shuffled over the pool");
         printf("\n%-40s %-9s %3s %9s %9s %9s %8s %8s %10s %-8s %6s\n", "case", "backend", "thr",
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
@@ -811,7 +837,7 @@ int pa_tool_bench(int argc, char **argv)
                "  \"cache_layout\": \"%s\",\n  \"block_tables\": \"%s\",\n  \"limits\": [",
                pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD,
                LAYOUT < 0 ? "preferred" : LAYOUT == PA_LAYOUT_NHD ? "nhd" : "hnd",
-               IN_ORDER ? "in-order" : "shuffled");
+               BLOCKS_NAME[BLOCKS]);
         for (int i = 0; i < nthreads; i++) {
             char bf[32] = "null";
             if (lims[i].bf16_gflops > 0) snprintf(bf, sizeof bf, "%.7g", lims[i].bf16_gflops);

@@ -3,7 +3,9 @@ measured and one result per case asked for, every figure finite and consistent w
 argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not Debug); argv[3]
 (optional): the heads "HQ/HKV" the run was asked for (default 32/8), checked against the document
 and, for a decode case, against the work its rates imply; argv[4] (optional): the --layout asked
-for ("nhd" or "hnd"; default: none, the backend's preferred one)."""
+for ("nhd" or "hnd"; "preferred" or absent: none, the backend's preferred one); argv[5]
+(optional): the --blocks asked for (default shuffled; "hot": the floor is the compute floor
+alone, the KV coming from the caches)."""
 import json
 import math
 import sys
@@ -13,7 +15,8 @@ case, optimized = sys.argv[1], sys.argv[2] == "1"
 hq, hkv = map(int, (sys.argv[3] if len(sys.argv) > 3 else "32/8").split("/"))
 assert doc["heads"] == {"query": hq, "kv": hkv, "size": 128}, doc["heads"]
 assert doc["cache_layout"] == (sys.argv[4] if len(sys.argv) > 4 else "preferred"), doc["cache_layout"]
-assert doc["block_tables"] == "shuffled", doc["block_tables"]
+blocks = sys.argv[5] if len(sys.argv) > 5 else "shuffled"
+assert doc["block_tables"] == blocks, doc["block_tables"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
 assert doc["online_cores"] >= 1
 (lim,) = doc["limits"]
@@ -29,7 +32,7 @@ for key in ("kv_gbs", "gflops", "tokens_per_s", "floor_ms", "fraction"):
     assert math.isfinite(res[key]) and res[key] > 0, (key, res[key])
 # the fraction is the floor over the median; the floor is the larger roofline time (KV bytes over
 # the read bandwidth, useful flops over the FMA peak), both recoverable from the rates
-t_mem = res["kv_gbs"] * res["median_ms"] / lim["read_gbs"]
+t_mem = res["kv_gbs"] * res["median_ms"] / lim["read_gbs"] if blocks != "hot" else 0.0
 # (the bf16 dot-product peak for a bf16 case where the CPU has one)
 bf16 = case.endswith(" bf16") and lim["bf16_dot_gflops"] is not None
 peak = lim["bf16_dot_gflops"] if bf16 else lim["fma_gflops"]
