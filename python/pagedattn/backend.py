@@ -558,6 +558,38 @@ class PagedAttnImpl:
                             md, k_scale=ks, v_scale=vs, output=_leading(output, n))
         return out if output is None else output
 
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        """vLLM's store step alone (its split-store protocol): the first ``len(slot_mapping)``
+        rows of key/value (``[tokens, num_kv_heads * head_size]`` or ``[tokens, num_kv_heads,
+        head_size]``; padded rows past them ignored) into ``kv_cache`` at those slots (negative:
+        skipped), quantized with the layer's fp8 scales for an fp8 cache, as forward writes
+        them. Nothing for encoder and encoder-only layers (no cache) and for a layer sharing
+        another's cache. Raises ValueError for a bad slot or shape; on error the cache is left
+        untouched."""
+        if self.attn_type in (L.PA_ATTN_ENCODER, L.PA_ATTN_ENCODER_ONLY) or \
+                self.kv_sharing_target_layer_name is not None:
+            return
+        if kv_cache is None or len(getattr(kv_cache, "shape", ())) != 5 or kv_cache.shape[0] != 2:
+            raise ValueError("kv_cache must be [2, num_blocks, block_size, num_kv_heads, "
+                             "head_size]")
+        self._store(key, value, kv_cache, slot_mapping, _layer_scale(layer, "k"),
+                    _layer_scale(layer, "v"))
+
+    def _store(self, key, value, kv_cache, slot_mapping, ks, vs):
+        """The first len(slot_mapping) rows of key/value into kv_cache ([2, ...]) at the slots."""
+        slots = A.to_np(slot_mapping, np.int64, "slot_mapping", 1)
+        n, Hkv, D = slots.size, self.num_kv_heads, self.head_size
+        if key is None or value is None or key.shape[0] < n or value.shape[0] < n:
+            raise ValueError("key and value need %d rows (one per slot)" % n)
+        kr, vr = _heads_of(_leading(key, n), Hkv, D, "key"), _heads_of(_leading(value, n), Hkv,
+                                                                         D, "value")
+        if kr.kind != vr.kind:
+            raise ValueError("key and value must have the same dtype")
+        ops.reshape_and_cache_flash(_leading(key, n).reshape(n, Hkv, D),
+                                    _leading(value, n).reshape(n, Hkv, D), kv_cache[0],
+                                    kv_cache[1], slots, kv_cache_dtype=self.kv_cache_dtype,
+                                    k_scale=ks, v_scale=vs)
+
     def _forward_v1_encoder(self, query, key, value, m, ks, vs, output):
         """Encoder and encoder-only layers with vLLM v1's metadata, which runs both alike (its
         FlashAttention backend's encoder path): each request's tokens (query_start_loc) attend
@@ -581,7 +613,7 @@ class PagedAttnImpl:
         written), then the decoder tokens attend to the whole cross cache."""
         md = _v1_metadata(m, bs, cross=True)
         n = md.num_tokens
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_size
+        H, D = self.num_heads, self.head_size
         qv = _heads_of(_leading(query, n), H, D, "query")
         if qv.shape[0] != n:
             raise ValueError("query has %d tokens; the metadata describes %d" % (qv.shape[0], n))
@@ -599,20 +631,7 @@ class PagedAttnImpl:
             raise ValueError("give both key and value, or neither")
         slots = m.get("slot_mapping") if isinstance(m, dict) else getattr(m, "slot_mapping", None)
         if key is not None and self.kv_sharing_target_layer_name is None and slots is not None:
-            slots = A.to_np(slots, np.int64, "slot_mapping", 1)
-            ne = slots.size
-            if key.shape[0] < ne or value.shape[0] < ne:
-                raise ValueError("key and value have %d and %d rows for %d encoder slots"
-                                 % (key.shape[0], value.shape[0], ne))
-            kr = _heads_of(_leading(key, ne), Hkv, D, "key")
-            vr = _heads_of(_leading(value, ne), Hkv, D, "value")
-            if kr.kind != vr.kind:
-                raise ValueError("key and value must have the same dtype")
-            ops.reshape_and_cache_flash(_leading(key, ne).reshape(ne, Hkv, D),
-                                        _leading(value, ne).reshape(ne, Hkv, D),
-                                        kv_cache[0], kv_cache[1], slots,
-                                        kv_cache_dtype=self.kv_cache_dtype, k_scale=ks,
-                                        v_scale=vs)
+            self._store(key, value, kv_cache, slots, ks, vs)
         out = self._forward(_leading(query, n), None, None, kv_cache, md, k_scale=ks,
                             v_scale=vs, output=_leading(output, n))
         return out if output is None else output
@@ -894,6 +913,9 @@ class PagedAttnBackend:
 
     # vLLM's flag: forward writes into a caller-allocated output when one is given
     accept_output_buffer = True
+    # vLLM's flag (>= 0.16): forward writes the step's new K/V into the cache itself (the impl's
+    # do_kv_cache_update does the same alone, for engines that store before attending)
+    forward_includes_kv_cache_update = True
 
     def __init__(self, name):
         self._name = name

@@ -507,3 +507,32 @@ def test_v1_cross_attention_bad_input(rng):
             impl.forward(_layer(), q, k, v, c, dataclasses.replace(md, **change), output=out)
         np.testing.assert_array_equal(c.view(np.uint32), cache.view(np.uint32), err_msg=str(change))
         assert np.all(out == 5.0), str(change)
+
+
+def test_do_kv_cache_update(backend, rng):
+    """vLLM's split store step (impl.do_kv_cache_update(layer, key, value, kv_cache,
+    slot_mapping)) writes what forward writes, bit for bit (fp8 with the layer's scales; padded
+    key rows past the slots ignored); nothing for encoder-only and kv-sharing layers; a bad slot
+    raises and writes nothing."""
+    be = pa.get_attn_backend(backend)
+    assert be.forward_includes_kv_cache_update is True
+    dt = np.dtype(np.float16)
+    cache, tabs, md, q, k, v, (ks, vs) = _step(rng, be, dt, True, [9, 0], [1, 7])
+    Impl = be.get_impl_cls()
+    impl = Impl(H, D, 0.3, HKV, None, None, "fp8", None, "decoder", None)
+    c1, c2 = cache.copy(), cache.copy()
+    impl.forward(_layer(ks, vs), q, k, v, c1, md, output=np.empty((len(q), H, D), dt))
+    assert not np.array_equal(c1, cache)
+    impl.do_kv_cache_update(_layer(ks, vs), k, v, c2, md.slot_mapping)
+    np.testing.assert_array_equal(c2, c1)
+    for other in (Impl(H, D, 0.3, HKV, None, None, "fp8", None, "encoder_only", None),
+                  Impl(H, D, 0.3, HKV, None, None, "fp8", None, "decoder", "layers.0.attn")):
+        c3 = cache.copy()
+        other.do_kv_cache_update(_layer(ks, vs), k, v, c3, md.slot_mapping)
+        np.testing.assert_array_equal(c3, cache)
+    bad = md.slot_mapping.copy()
+    bad[2] = NB * BS
+    c4 = cache.copy()
+    with pytest.raises(ValueError):
+        impl.do_kv_cache_update(_layer(ks, vs), k, v, c4, bad)
+    np.testing.assert_array_equal(c4, cache)
