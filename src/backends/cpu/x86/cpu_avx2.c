@@ -322,6 +322,16 @@ static inline __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* p[0..8) = exp(p - m), masked (-inf) entries -0; returns them */
+static inline __attribute__((always_inline)) __m256 exp8_store(float *p, __m256 vm, __m256 ninf)
+{
+    __m256 x = _mm256_loadu_ps(p);
+    __m256 e = exp8(_mm256_sub_ps(x, vm));
+    e = _mm256_blendv_ps(e, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
+    _mm256_storeu_ps(p, e);
+    return e;
+}
+
 static float a2_exp_row(float *s, int n, float m)
 {
     __m256 vm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY), acc = _mm256_setzero_ps();
@@ -330,21 +340,10 @@ static float a2_exp_row(float *s, int n, float m)
      * core's scheduler finds the second one's work while the first waits on its latency (the
      * sums in the same order as one vector at a time) */
     for (; i + 16 <= n; i += 16) {
-        __m256 x0 = _mm256_loadu_ps(s + i), x1 = _mm256_loadu_ps(s + i + 8);
-        __m256 e0 = exp8(_mm256_sub_ps(x0, vm)), e1 = exp8(_mm256_sub_ps(x1, vm));
-        e0 = _mm256_blendv_ps(e0, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x0, ninf, _CMP_EQ_OQ)); /* masked: -0 */
-        e1 = _mm256_blendv_ps(e1, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x1, ninf, _CMP_EQ_OQ));
-        _mm256_storeu_ps(s + i, e0);
-        _mm256_storeu_ps(s + i + 8, e1);
+        __m256 e0 = exp8_store(s + i, vm, ninf), e1 = exp8_store(s + i + 8, vm, ninf);
         acc = _mm256_add_ps(_mm256_add_ps(acc, e0), e1);
     }
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(s + i);
-        __m256 e = exp8(_mm256_sub_ps(x, vm));
-        e = _mm256_blendv_ps(e, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ)); /* masked: -0 */
-        _mm256_storeu_ps(s + i, e);
-        acc = _mm256_add_ps(acc, e);
-    }
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8_store(s + i, vm, ninf));
     float sum = hsum1(acc);
     for (; i < n; i++) {
         float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m);
