@@ -5,7 +5,9 @@
  * on a buffer far larger than the last-level cache; fp32 FMA peak (register-only FMAs); the
  * AVX512-BF16 dot-product peak where the CPU has it. A case's floor is its roofline time,
  * max(KV bytes / bandwidth, useful flops / peak), and "frac" is floor / median time; the peak
- * is the bf16 dot-product one for bf16 queries over a bf16 cache where the CPU has it. Useful
+ * is the faster of the bf16 dot-product and fp32 FMA ones for bf16 queries over a bf16 cache
+ * where the CPU has bf16 dot products (on a Xeon with AVX512-BF16 they ran at half the FMA
+ * rate, so the dot-product peak alone gave fractions above 1), else the FMA one. Useful
  * flops are 4 * head_size per (query head, visible key): causal halves are not counted. Decode
  * cases rotate over enough layers' caches (>= 256 MiB of KV) that they measure memory, not L3.
  * Only the public API is used. */
@@ -567,9 +569,10 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
     R->gflops = S->flops / R->tmed / 1e9;
     R->tok_s = S->tokens / R->tmed;
     /* bf16 queries over a bf16 cache, where the CPU has bf16 dot products (AVX512-BF16): the
-     * compute limit is the bf16 dot-product peak (the cpu backend takes QK by dot products and
-     * PV in fp32, so it can reach only part of it); everything else: the fp32 FMA peak */
-    bool bf16 = S->c.io == PA_DTYPE_BF16 && S->c.cache == PA_DTYPE_BF16 && L->bf16_gflops > 0;
+     * compute limit is the faster of the bf16 dot-product and the fp32 FMA peaks (the cpu
+     * backend takes QK by dot products and PV in fp32; no mix beats the faster unit alone);
+     * everything else: the fp32 FMA peak */
+    bool bf16 = S->c.io == PA_DTYPE_BF16 && S->c.cache == PA_DTYPE_BF16 && L->bf16_gflops > L->fma_gflops;
     double peak = bf16 ? L->bf16_gflops : L->fma_gflops;
     double tm = S->kv_bytes / (L->read_gbs * 1e9), tc = S->flops / (peak * 1e9);
     if (BLOCKS == BLOCKS_HOT) tm = 0; /* the KV comes from the caches: the compute floor alone */
@@ -626,8 +629,8 @@ static void usage(FILE *f)
             "Linux) is followed by a note: its figures are disturbed (--json: steal_ms).\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
-            "is the bf16 dot-product peak for bf16 queries over a bf16 cache on CPUs with AVX512-BF16,\n"
-            "else the fp32 FMA peak.\n");
+            "is the fp32 FMA peak, or for bf16 queries over a bf16 cache on CPUs with AVX512-BF16 the\n"
+            "bf16 dot-product peak where that is the faster one.\n");
 }
 
 static int make_cases(int quick, int tiny, bcase *cs)
