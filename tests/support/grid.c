@@ -634,6 +634,23 @@ static void build_cases(void)
     c.seqs[1] = (gseq){510, 3, 0, 0};
     c.seqs[2] = (gseq){256, 1, 0, 0}; /* 257 keys: one key in a second chunk */
     push(c, "chunks");
+    /* a visible key whose fp32 weight underflows to 0 holding a NaN in V: in exact arithmetic
+     * its weight is positive, so the out element is NaN (0 x NaN in IEEE); the cuda SIMT
+     * kernels skipped zero weights and returned a finite value. A random sweep's case on an
+     * H200 (head 512 over E5M2, k_scale 1.75: the general kernel), replayed from its sweep
+     * seed; then sharp decodes over E5M2 (k_scale 4, queries up to 30: most weights
+     * underflow), one of 1800 keys (split, and the splits' key streams merged), on the decode
+     * kernel's fp8 path */
+    r = 0xf82a653e3ecdf016ull;
+    push(sweep_case(&r), "nonfinite");
+    c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.cache = PA_DTYPE_FP8_E5M2, c.kscale = 4.0f, c.qscale = 30.0f;
+    c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.nonfinite = 1;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){300, 1, 0, 0};
+    c.seqs[1] = (gseq){1800, 1, 0, 0}; /* NaN V at key 1200 (poison_inputs) */
+    push(c, "nonfinite");
 }
 
 int grid_count(void)

@@ -123,6 +123,11 @@ __device__ __forceinline__ float add_sink(const pa_cu_attn_params &P, int h, flo
     return a;
 }
 
+/* Softmax weights in the SIMT kernels: a masked key's is -0, which exp never returns; a visible
+ * key's weight is >= +0 even where it underflows, and its v must still reach the output (0 x
+ * NaN or inf is NaN: the contract's IEEE rule), so only -0 is skipped. */
+__device__ __forceinline__ bool masked_weight(float w) { return __float_as_uint(w) == 0x80000000u; }
+
 /* Eight consecutive cache elements at element offset `off` (a multiple of 8), as f32 (fp8
  * unscaled): one 16-byte load for f16/bf16, one 8-byte load for fp8. */
 __device__ __forceinline__ void load8(int dt, const void *base, int64_t off, float (&x)[8])
@@ -309,13 +314,15 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
             const float m_new = fmaxf(m[i], cmax);
             if (m_new == -INFINITY) continue; /* nothing visible yet: warp-uniform */
             const float alpha = expf(m[i] - m_new); /* m = -inf: 0 */
-            const float pexp = vis ? expf(sc - m_new) : 0.f;
+            /* a masked key's weight is -0 (exp never gives it): it adds nothing, not even 0 * inf;
+             * a visible key's weight may underflow to +0 and still carries a NaN or inf v */
+            const float pexp = vis ? expf(sc - m_new) : -0.f;
             l[i] = l[i] * alpha + warp_sum(pexp);
 #pragma unroll
             for (int k = 0; k < NI; k++) acc[i][k] *= alpha;
             for (int k = 0; k < nk; k++) {
                 const float pk = __shfl_sync(0xffffffffu, pexp, k);
-                if (pk != 0.f) { /* warp-uniform; masked keys add nothing, not even 0 * inf */
+                if (!masked_weight(pk)) { /* warp-uniform */
                     const float *vrow = Vs + k * D;
 #pragma unroll
                     for (int q = 0; q < NI; q++) {
@@ -655,6 +662,37 @@ __device__ bool masked_v_nonfinite(const pa_cu_attn_params &P, int s, int hk, in
     return __syncthreads_or(bad) != 0;
 }
 
+/* masked_v_nonfinite for the fa tiles (P.vec8: 8-element rows): a 16-byte load per thread and
+ * step (8 dims of one key), the table index by shift for power-of-two block sizes, key
+ * positions in 32 bits (the plan's lengths are int32), loads of four steps in flight. Called
+ * after the tile's first copies are issued, so it overlaps them. */
+template <int D>
+__device__ bool masked_v_nonfinite16(const pa_cu_attn_params &P, const int32_t *table, int hk, int64_t chunk0,
+                                     int64_t kend, int64_t lo_b, int64_t hi_a)
+{
+    constexpr int TPR = D / 8; /* 16-byte loads per key row */
+    const bool bf16 = P.cache_dtype == PA_DTYPE_BF16;
+    const uint16_t *vc = (const uint16_t *)P.vc;
+    const bool all = P.bs_block > 0;
+    const int64_t a0 = chunk0, a1 = all ? kend : min(max(lo_b, chunk0), kend);
+    const int64_t b0 = all ? kend : max(hi_a, a1), b1 = kend;
+    const int64_t na = a1 - a0, n = na + (b1 - b0);
+    const int bsh = P.c_bs_log2;
+    const uint32_t bs = (uint32_t)P.c_bs;
+    const int64_t head_off = (int64_t)hk * P.c_head;
+    bool bad = false;
+#pragma unroll 4
+    for (int64_t e = threadIdx.x; e < n * TPR; e += blockDim.x) {
+        const int64_t k = e / TPR;
+        const uint32_t j = (uint32_t)(k < na ? a0 + k : b0 + (k - na));
+        const uint32_t blk = bsh >= 0 ? j >> bsh : j / bs, in = j - blk * bs;
+        const uint4 w = *(const uint4 *)(vc + (int64_t)table[blk] * P.c_block + (int64_t)in * P.c_token + head_off +
+                                         (int)(e % TPR) * 8);
+        bad |= nonfinite2(w.x, bf16) || nonfinite2(w.y, bf16) || nonfinite2(w.z, bf16) || nonfinite2(w.w, bf16);
+    }
+    return __syncthreads_or(bad) != 0;
+}
+
 template <int D>
 __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
@@ -881,10 +919,10 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
  * for P V (allowed by the contract), the row sums stay fp32. Rows and chunking are fixed by
  * the sequence alone, so a row's bits do not depend on the batch. */
 constexpr int FA_BN = 32; /* keys per chunk (64 measured slower: 255 registers, spills) */
-template <int D, bool BF, bool FEAT, bool TB>
+template <int D, bool BF, bool FEAT, int TBM, int BN = FA_BN>
 __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
-    constexpr int BN = FA_BN;
+    constexpr bool TB = TBM == 1;
     constexpr int KS = D + 8;  /* shared row stride in 16-bit elements (bank spread, 16-byte rows) */
     constexpr int NT = BN / 8; /* 8-key score tiles per chunk */
     constexpr int DT = D / 8;  /* 8-dim output tiles */
@@ -893,6 +931,7 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     uint16_t *const Qs = fa_smem;                        /* [PA_CU_MMA_ROWS][KS] */
     uint16_t *const Ks = Qs + PA_CU_MMA_ROWS * KS;       /* [2][BN][KS] */
     uint16_t *const Vs = Ks + 2 * BN * KS;               /* [2][BN][KS] */
+    int64_t *const Ts = (int64_t *)(Vs + 2 * BN * KS);   /* [2][BN] key offsets (TBM 2) */
     /* the last tiles of a sequence (the most keys under a causal mask) start first */
     const pa_cu_item it = P.items[gridDim.x - 1 - blockIdx.x];
     const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
@@ -902,10 +941,6 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     const int64_t lo_a = sp.lo_a, hi_a = sp.hi_a, lo_b = sp.lo_b, hi_b = sp.hi_b;
     const int64_t kbeg = lo_a, kend = hi_b;
     const int64_t chunk0 = kbeg < kend ? (kbeg / BN) * BN : kend;
-    if (masked_v_nonfinite<D>(P, s, hk, chunk0, kend, lo_b, hi_a)) {
-        mma_tile_exact<D>(P, s, hk, row_begin, row_end);
-        return;
-    }
 
     /* the tile's Q rows (zeros past the last row) */
     const uint16_t *qb = (const uint16_t *)P.q, *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
@@ -936,10 +971,18 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     const int64_t head_off = (int64_t)hk * P.c_head + d0;
     const int bsh = P.c_bs_log2;
     const uint32_t bs = (uint32_t)P.c_bs;
-    /* TB: the block-table entries of a chunk's keys are loaded a chunk ahead into tb (keys past
-     * the range take the last key's entry, never used), so no table load waits between the
-     * barriers; without TB each key's entry is loaded where its copy is issued */
-    int32_t tb[BN / KPP];
+    /* TBM 1 (TB): the block-table entries of a chunk's keys are loaded a chunk ahead into tb
+     * (keys past the range take the last key's entry, never used), so no table load waits
+     * between the barriers. TBM 2: thread k < BN computes key k's element offset in the pool a
+     * chunk ahead (load at the chunk's start, into Ts slot chunk % 2 at its end), so a copy
+     * takes its offset from shared memory, with no index math. TBM 0: each key's entry is
+     * loaded where its copy is issued. */
+    int32_t tb[TB ? BN / KPP : 1];
+    auto key_off = [&](int64_t kbx) -> int64_t { /* TBM 2: key kbx + tid's offset, tid < BN */
+        const uint32_t j = (uint32_t)min(kbx + (int64_t)tid, kend - 1);
+        const uint32_t blk = bsh >= 0 ? j >> bsh : j / bs, in = j - blk * bs;
+        return (int64_t)table[blk] * P.c_block + (int64_t)in * P.c_token;
+    };
     auto key_pos = [&](int64_t kbx, int i, uint32_t &blk, uint32_t &in) {
         const uint32_t j = (uint32_t)min(kbx + (int64_t)(k0 + KPP * i), kend - 1);
         blk = bsh >= 0 ? j >> bsh : j / bs;
@@ -960,7 +1003,9 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
             const int k = k0 + KPP * i;
             const bool ok = k < nkx;
             int64_t off = 0;
-            if (TB) {
+            if (TBM == 2) {
+                off = Ts[buf * BN + k] + head_off;
+            } else if (TB) {
                 uint32_t blk, in;
                 key_pos(kbx, i, blk, in);
                 off = (int64_t)tb[i] * P.c_block + (int64_t)in * P.c_token + head_off;
@@ -975,11 +1020,24 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
         cp_async_commit(); /* with the Q rows in the first group */
     };
     if (chunk0 < kend) {
+        if (TBM == 2) {
+            if (tid < BN) Ts[tid] = key_off(chunk0);
+            __syncthreads();
+        }
         if (TB) load_tb(chunk0);
         issue(chunk0, 0);
         if (TB && chunk0 + BN < kend) load_tb(chunk0 + BN);
+        /* (slot 1 is read after the loop's first barrier) */
+        if (TBM == 2 && tid < BN && chunk0 + BN < kend) Ts[BN + tid] = key_off(chunk0 + BN);
     } else {
         cp_async_commit();
+    }
+    /* with the first copies on their way: a masked key's non-finite V sends the tile to the
+     * exact path (bad input only) */
+    if (masked_v_nonfinite16<D>(P, table, hk, chunk0, kend, lo_b, hi_a)) {
+        cp_async_wait<0>();
+        mma_tile_exact<D>(P, s, hk, row_begin, row_end);
+        return;
     }
 
     const bool feat = FEAT; /* the launch's fa_feat(P) */
@@ -995,9 +1053,11 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
     for (int64_t kb = chunk0; kb < kend; kb += BN, iter++) {
         const int buf = iter & 1;
         __syncthreads(); /* every warp is done with the buffer about to be refilled */
+        int64_t ts_next = 0; /* TBM 2: chunk iter + 2's key offset, stored at the end */
         if (kb + BN < kend) {
             issue(kb + BN, buf ^ 1);
             if (TB && kb + 2 * BN < kend) load_tb(kb + 2 * BN);
+            if (TBM == 2 && tid < BN && kb + 2 * BN < kend) ts_next = key_off(kb + 2 * BN);
         } else {
             cp_async_commit(); /* an empty group keeps the count */
         }
@@ -1137,8 +1197,17 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
                     mma16816(o[mt][n + 1], pa[mt][kst], b1, BF);
                 }
             }
+        /* slot buf was last read by this chunk's copies, issued an iteration ago; the next
+         * iteration's first barrier orders this store before chunk iter + 2's copies */
+        if (TBM == 2 && tid < BN && kb + 2 * BN < kend) Ts[buf * BN + tid] = ts_next;
     }
     cp_async_wait<0>(); /* nothing in flight when the block ends (an empty range loads only Q) */
+    /* a 16-bit output goes through the warp's own Q rows in shared memory (only this warp reads
+     * them) and leaves in 16-byte row pieces; after the barrier no Q copy of any thread is in
+     * flight (an empty key range skips the loop's barriers) */
+    const bool o16 = P.fa_o16 && (P.out_dtype == PA_DTYPE_F16 || P.out_dtype == PA_DTYPE_BF16) &&
+                     ((uintptr_t)P.out & 15) == 0 && P.out_rs % 8 == 0;
+    if (o16) __syncthreads();
 
     /* finish each row: the quad's sum shares added (every lane, before any leaves), back to
      * natural units, sinks once, normalize, store */
@@ -1157,18 +1226,43 @@ __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa
         float mm = m[r] * LN2, ll = l[r];
         const float a = add_sink(P, h, mm, ll);
         const float inv = ll != 0.f ? a / ll : 0.f; /* NaN sum: a poisoned row, NaN */
-        const int64_t base = (q0 + t) * P.out_rs + (int64_t)h * D;
+        if (o16) {
+            uint16_t *const dst = Qs + (32 * warp + 16 * mt + 8 * i + g) * KS + 2 * t4;
+            const bool obf = P.out_dtype == PA_DTYPE_BF16;
 #pragma unroll
-        for (int n = 0; n < DT; n++) {
-            const int d = n * 8 + 2 * t4;
-            pa_cu_store(P.out_dtype, P.out, base + d, o[mt][n][2 * i] * inv);
-            pa_cu_store(P.out_dtype, P.out, base + d + 1, o[mt][n][2 * i + 1] * inv);
+            for (int n = 0; n < DT; n++)
+                *(uint32_t *)(dst + n * 8) = pack16(pa_cu_to16(o[mt][n][2 * i] * inv, obf),
+                                                    pa_cu_to16(o[mt][n][2 * i + 1] * inv, obf));
+        } else {
+            const int64_t base = (q0 + t) * P.out_rs + (int64_t)h * D;
+#pragma unroll
+            for (int n = 0; n < DT; n++) {
+                const int d = n * 8 + 2 * t4;
+                pa_cu_store(P.out_dtype, P.out, base + d, o[mt][n][2 * i] * inv);
+                pa_cu_store(P.out_dtype, P.out, base + d + 1, o[mt][n][2 * i + 1] * inv);
+            }
         }
         if (P.lse && t4 == 0) P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = ll != 0.f ? mm + logf(ll) : -INFINITY;
     }
+    if (o16) {
+        __syncwarp();
+        /* 32 / TPR rows per pass, TPR lanes of 8 elements per row; row r of the tile is token
+         * t_base + (r_base + r) / G, head (r_base + r) % G of the group */
+        const int64_t t_base = row_begin / G;
+        const int r_base = (int)(row_begin - t_base * G);
+        for (int rr = lane / TPR; rr < 32; rr += 32 / TPR) {
+            const int x = r_base + 32 * warp + rr;
+            if (row_begin + 32 * warp + rr >= row_end) break;
+            const int64_t t = t_base + x / G;
+            const int h = hk * G + x % G, d = (lane % TPR) * 8;
+            *(uint4 *)((uint16_t *)P.out + (q0 + t) * P.out_rs + (int64_t)h * D + d) =
+                *(const uint4 *)(Qs + (32 * warp + rr) * KS + d);
+        }
+    }
 }
-/* Dynamic shared memory of attn_fa_kernel<D, *, *>: Q rows, two K and two V chunks. */
-constexpr size_t fa_smem_bytes(int D) { return (size_t)(PA_CU_MMA_ROWS + 4 * FA_BN) * (D + 8) * 2; }
+/* Dynamic shared memory of attn_fa_kernel<D, *, *, *, BN>: Q rows, two K and two V chunks, two
+ * chunks' key offsets (TBM 2). */
+constexpr size_t fa_smem_bytes(int D, int bn) { return (size_t)(PA_CU_MMA_ROWS + 4 * bn) * (D + 8) * 2 + 2 * bn * 8; }
 
 /* ---- decode tiles (short queries over a paged 16-bit or fp8 cache) ---------------------------
  *
@@ -1243,7 +1337,7 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
         for (int k = 0; k < KS; k++) M = fmaxf(M, w[k][r]);
         for (int k = 0; k < KS; k++) {
             const float mk = w[k][r];
-            const float wk = mk == -INFINITY ? 0.f : expf(mk - M);
+            const float wk = mk == -INFINITY ? -0.f : expf(mk - M); /* -0: an empty stream */
             w[k][r] = wk;
             Ls += lsum[k][r] * wk;
         }
@@ -1256,7 +1350,7 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
         float o = 0.f;
         for (int k = 0; k < KS; k++) {
             const float wk = w[k][r];
-            if (wk != 0.f) o += acc[k][r][d] * wk;
+            if (!masked_weight(wk)) o += acc[k][r][d] * wk; /* an underflowed weight keeps a NaN */
         }
         const int64_t row = rg + r, t = row / G;
         const int h = hk * G + (int)(row - t * G);
@@ -1380,7 +1474,7 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
                 float psum = 0.f;
 #pragma unroll
                 for (int u = 0; u < DEC_U; u++) {
-                    pr[u][r] = sc[u][r] == -INFINITY ? 0.f : expf(sc[u][r] - mx);
+                    pr[u][r] = sc[u][r] == -INFINITY ? -0.f : expf(sc[u][r] - mx); /* -0: masked */
                     psum += pr[u][r];
                 }
                 l[r] = l[r] * alpha + psum;
@@ -1396,7 +1490,7 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
                 for (int r = 0; r < DEC_NR; r++) {
                     const float p = pr[u][r];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][e] = p != 0.f ? fmaf(p, vx[e], acc[r][e]) : acc[r][e];
+                    for (int e = 0; e < 8; e++) acc[r][e] = masked_weight(p) ? acc[r][e] : fmaf(p, vx[e], acc[r][e]);
                 }
             }
         }
@@ -1772,19 +1866,35 @@ dec_fn dec_pick(int head_size, int cd, int qd, int variant)
 
 typedef void (*attn_fn)(const pa_cu_attn_params);
 
-/* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, layer features). */
+/* The FlashAttention-2 style prefill kernel for (head size 64/128, dtype, layer features) and
+ * the prefill variant (PAGEDATTN_CUDA_PREFILL), with its dynamic shared memory. */
 typedef void (*fa_fn)(const pa_cu_attn_params);
+struct fa_choice {
+    fa_fn fn;
+    size_t smem;
+};
+/* 32-key chunks: table entries a chunk ahead in registers (tbm 1: layers without per-element
+ * features; not fa-ldg), else loaded per key */
 template <int D>
 fa_fn fa_pick_d(bool bf, bool feat, bool tb)
 {
-    if (tb && !feat) return bf ? attn_fa_kernel<D, true, false, true> : attn_fa_kernel<D, false, false, true>;
-    return bf ? (feat ? attn_fa_kernel<D, true, true, false> : attn_fa_kernel<D, true, false, false>)
-              : (feat ? attn_fa_kernel<D, false, true, false> : attn_fa_kernel<D, false, false, false>);
+    if (tb && !feat) return bf ? attn_fa_kernel<D, true, false, 1> : attn_fa_kernel<D, false, false, 1>;
+    return bf ? (feat ? attn_fa_kernel<D, true, true, 0> : attn_fa_kernel<D, true, false, 0>)
+              : (feat ? attn_fa_kernel<D, false, true, 0> : attn_fa_kernel<D, false, false, 0>);
 }
-/* tb: table entries a chunk ahead (fa, for layers without per-element features; not fa-ldg) */
-fa_fn fa_pick(int head_size, bool bf, bool feat, bool tb)
+/* Head size 128 without per-element features: key offsets a chunk ahead in shared memory (tbm
+ * 2) over 64-key chunks (fa, the default: 0.580 against 0.624 ms for 32-key chunks on an H200)
+ * or 32-key ones (fa-so); everything else, and the fa32/fa-ldg/fa-st variants: 32-key chunks. */
+fa_choice fa_choose(int head_size, bool bf, bool feat, int variant)
 {
-    return head_size == 64 ? fa_pick_d<64>(bf, feat, tb) : fa_pick_d<128>(bf, feat, tb);
+    if (head_size == 128 && !feat && (variant == PA_CU_PF_FA || variant == PA_CU_PF_FA_ST))
+        return {bf ? attn_fa_kernel<128, true, false, 2, 64> : attn_fa_kernel<128, false, false, 2, 64>,
+                fa_smem_bytes(128, 64)};
+    if (head_size == 128 && !feat && variant == PA_CU_PF_FA_SO)
+        return {bf ? attn_fa_kernel<128, true, false, 2, 32> : attn_fa_kernel<128, false, false, 2, 32>,
+                fa_smem_bytes(128, 32)};
+    const bool tb = variant != PA_CU_PF_FA_LDG;
+    return {head_size == 64 ? fa_pick_d<64>(bf, feat, tb) : fa_pick_d<128>(bf, feat, tb), fa_smem_bytes(head_size, FA_BN)};
 }
 /* a layer feature that changes logits or masks per element (a property of the layer) */
 bool fa_feat(const pa_cu_attn_params *p) { return p->softcap > 0.f || p->has_alibi || p->bs_block > 0; }
@@ -1810,15 +1920,16 @@ const bucket *find_bucket(int head_size)
 
 pa_status pa_cu_attn_prepare(const pa_cu_ctx *ctx)
 {
-    /* the FlashAttention-2 style prefill tiles take 36-70 KB of shared memory; a device that
+    /* the FlashAttention-2 style prefill tiles take 36-106 KB of shared memory; a device that
      * cannot give one of them its share runs the ldm tiles there (see pa_cu_attn_launch) */
     for (int d = 64; d <= 128; d += 64)
-        for (int k = 0; k < 8; k++) { /* dtype bf16 (bit 0), layer features (bit 1), table ahead (bit 2) */
-            const size_t need = fa_smem_bytes(d);
-            if (need > 48 * 1024 && need <= ctx->smem_optin)
-                PA_CU_TRY(cudaFuncSetAttribute((const void *)fa_pick(d, (k & 1) != 0, (k & 2) != 0, (k & 4) != 0),
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
-        }
+        for (int k = 0; k < 4; k++) /* dtype bf16 (bit 0), layer features (bit 1) */
+            for (int v = 0; v < PA_CU_PF_COUNT; v++) {
+                const fa_choice c = fa_choose(d, (k & 1) != 0, (k & 2) != 0, v);
+                if (c.smem > 48 * 1024 && c.smem <= ctx->smem_optin)
+                    PA_CU_TRY(cudaFuncSetAttribute((const void *)c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)c.smem));
+            }
     for (const bucket &b : kBuckets) {
         size_t need = pa_cu_attn_smem(b.max_d);
         if (need > ctx->smem_optin) need = ctx->smem_optin;
@@ -1866,14 +1977,16 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
     if (mma && plan->num_mitems > 0) {
         pa_cu_attn_params pm = *p;
         pm.items = plan->mitems;
+        pm.fa_o16 = ctx->prefill_variant != PA_CU_PF_FA_ST;
         dim3 grid((unsigned)plan->num_mitems, (unsigned)p->num_kv_heads);
         const int v = ctx->prefill_variant;
         const bool bf = p->cache_dtype == PA_DTYPE_BF16;
-        const size_t fa_smem = fa_smem_bytes(p->head_size);
-        if (v != PA_CU_PF_LDM && p->vec8 && fa_smem <= ctx->smem_optin) {
+        fa_choice fc = fa_choose(p->head_size, bf, fa_feat(p), v);
+        /* a device without the 64-key chunks' ~106 KB (sm_86: 99 KB) takes the 32-key ones */
+        if (fc.smem > ctx->smem_optin) fc = fa_choose(p->head_size, bf, fa_feat(p), PA_CU_PF_FA32);
+        if (v != PA_CU_PF_LDM && p->vec8 && fc.smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            const fa_fn fn = fa_pick(p->head_size, bf, fa_feat(p), v != PA_CU_PF_FA_LDG);
-            PA_CU_LAUNCH(fn, grid, 128, fa_smem, ctx->stream, pm);
+            PA_CU_LAUNCH(fc.fn, grid, 128, fc.smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */
             if (p->head_size == 64) PA_CU_LAUNCH((attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);

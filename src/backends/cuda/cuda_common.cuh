@@ -90,15 +90,26 @@ __device__ __forceinline__ float pa_cu_load(int dt, const void *base, int64_t i)
 
 /* Stores f as element i, rounded once to nearest-even; fp8 saturates to the largest finite
  * value; NaN stays NaN with its sign, in the same codes as the library's pa_f32_to_* (the cuda
- * intrinsics' canonical NaNs differ, and the cache must hold what the reference writes). */
+ * intrinsics' canonical NaNs differ, and the cache must hold what the reference writes).
+ * pa_cu_to16 gives the bits pa_cu_store writes for an f16 or bf16 element. */
+__device__ __forceinline__ uint16_t pa_cu_to16(float f, bool bf16)
+{
+    if (isnan(f)) { /* the library's NaN codes (pa_f32_to_*): sign kept, quiet */
+        const uint32_t u = __float_as_uint(f);
+        return bf16 ? (uint16_t)((u >> 16) | 0x0040u) : (uint16_t)(((u >> 31) << 15) | 0x7e00u);
+    }
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+}
 __device__ __forceinline__ void pa_cu_store(int dt, void *base, int64_t i, float f)
 {
+    if (dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16) {
+        ((uint16_t *)base)[i] = pa_cu_to16(f, dt == PA_DTYPE_BF16);
+        return;
+    }
     if (isnan(f)) { /* the library's NaN codes (pa_f32_to_*): sign kept, quiet */
         const uint32_t u = __float_as_uint(f), sg = u >> 31;
         switch (dt) {
         case PA_DTYPE_F32: ((float *)base)[i] = f; return;
-        case PA_DTYPE_F16: ((uint16_t *)base)[i] = (uint16_t)((sg << 15) | 0x7e00u); return;
-        case PA_DTYPE_BF16: ((uint16_t *)base)[i] = (uint16_t)((u >> 16) | 0x0040u); return;
         case PA_DTYPE_FP8_E4M3: ((uint8_t *)base)[i] = (uint8_t)((sg << 7) | 0x7fu); return;
         case PA_DTYPE_FP8_E5M2: ((uint8_t *)base)[i] = (uint8_t)((sg << 7) | 0x7eu); return;
         default: return;
@@ -106,8 +117,6 @@ __device__ __forceinline__ void pa_cu_store(int dt, void *base, int64_t i, float
     }
     switch (dt) {
     case PA_DTYPE_F32: ((float *)base)[i] = f; break;
-    case PA_DTYPE_F16: ((__half *)base)[i] = __float2half_rn(f); break;
-    case PA_DTYPE_BF16: ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(f); break;
     case PA_DTYPE_FP8_E4M3:
         ((uint8_t *)base)[i] = (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
         break;
@@ -144,13 +153,18 @@ typedef struct pa_cu_ctx {
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
 } pa_cu_ctx;
 
-/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL=fa|fa-ldg|ldm, for A/B runs): fa =
- * FlashAttention-2 style tiles (4 warps x 32 rows, 32-key chunks double-buffered, lazy rescale;
- * for layers without soft-cap, ALiBi or block-sparse pattern the block-table entries are loaded
- * a chunk ahead), fa-ldg = fa with every table entry loaded where its copy is issued, ldm = the
- * first tensor-core tiles (8 warps x 16 rows, 32-key chunks, ldmatrix fragments). fa needs
+/* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL, for A/B runs; names in this order):
+ * fa = FlashAttention-2 style tiles (4 warps x 32 rows, K/V chunks double-buffered, lazy
+ * rescale, 16-bit outputs staged in shared memory and stored 16 bytes at a time): at head size
+ * 128 without soft-cap, ALiBi or block-sparse pattern, 64-key chunks whose keys' pool offsets
+ * are computed a chunk ahead into shared memory; otherwise 32-key chunks with the block-table
+ * entries loaded a chunk ahead (per key with those features). fa-ldg = the 32-key kernels with
+ * every table entry loaded where its copy is issued, ldm = the first tensor-core tiles (8 warps
+ * x 16 rows, 32-key chunks, ldmatrix fragments), fa-st = fa with every output element stored
+ * from the mma fragments (2-byte stores), fa-so = 32-key chunks with the offsets in shared
+ * memory (head 128, no features), fa32 = the 32-key kernels everywhere. The fa kernels need
  * 16-byte cache loads; without them ldm runs. */
-enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM };
+enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA_SO, PA_CU_PF_FA32, PA_CU_PF_COUNT };
 
 /* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
  * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the
@@ -248,6 +262,7 @@ typedef struct pa_cu_attn_params {
     int32_t bs_block, bs_local, bs_vert;
     float k_scale, v_scale; /* 1 for non-fp8 caches */
     int32_t vec8;           /* cache K/V loads 8 elements at a time (see load8) */
+    int32_t fa_o16;         /* fa tiles: 16-bit outputs in 16-byte row pieces (0: per element) */
     int32_t q_dtype, kv_dtype, out_dtype, cache_dtype;
     const void *q;
     int64_t q_rs;

@@ -138,8 +138,8 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *sk = getenv("PAGEDATTN_CUDA_SPLIT_KEYS");
         const long v = sk ? strtol(sk, NULL, 10) : 0;
         ctx->split_keys = v >= 64 && v <= 8192 && v % 32 == 0 ? (int)v : PA_CU_SPLIT_KEYS;
-        /* PAGEDATTN_CUDA_PREFILL=fa|fa-ldg|ldm: the tensor-core prefill kernel (A/B runs) */
-        static const char *const pnames[] = {"fa", "fa-ldg", "ldm"};
+        /* PAGEDATTN_CUDA_PREFILL: the tensor-core prefill kernel (A/B runs; PA_CU_PF_* order) */
+        static const char *const pnames[PA_CU_PF_COUNT] = {"fa", "fa-ldg", "ldm", "fa-st", "fa-so", "fa32"};
         const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");
         ctx->prefill_variant = PA_CU_PF_FA;
         for (int i = 0; pf && i < (int)(sizeof pnames / sizeof pnames[0]); i++)

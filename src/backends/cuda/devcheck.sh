@@ -8,6 +8,8 @@
 # in parallel (ops test, grid slices); then, alone on the GPU, the speed runs (`pagedattn bench
 # --backend cuda`: copy bandwidth, decode, prefill, CUDA-graph capture, PyTorch SDPA). Each step is
 # time-boxed; a failed step is reported and the script goes on; the summary table comes last.
+# FOCUS=prefill skips the decode A/B runs; CPU_NATIVE=DIR adds the cpu backend's ISA tests and
+# speed runs on this host's CPU (DIR: a CPU-only build, devpack.sh's build-devbin/cpu).
 # Exit status: number of failed steps.
 set -u
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -61,6 +63,12 @@ CLI="$BUILD/tools/pagedattn"
 T="$BUILD/tests"
 step info 30 "$CLI" info
 
+# CPU_NATIVE=DIR (a CPU-only build with the cpu tests and tools, devpack.sh's build-devbin/cpu):
+# the cpu backend's ISA tests on this host's CPU beside phase 1 (bench/check_cpu_native.sh,
+# BENCH=0); its speed runs come after phase 3
+if [ -n "${CPU_NATIVE:-}" ]; then
+    BUILD=$CPU_NATIVE BENCH=0 step cpu_native_tests 300 bash bench/check_cpu_native.sh &
+fi
 # Phase 1: correctness, in parallel (each test's reference side runs on its own CPU core).
 step ops 90 "$T/test_cuda_ops" &
 step splits 90 "$T/test_cuda_splits" &
@@ -74,7 +82,7 @@ for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
-for v in fa-ldg ldm; do
+for v in fa-ldg fa-st fa-so fa32 ldm; do
     PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
@@ -100,6 +108,10 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_PREFILL=ldm step memcheck_ldm 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_prefill 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step memcheck_prefill 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa32 step memcheck_fa32 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa32 step racecheck_fa32 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    PAGEDATTN_CUDA_PREFILL=fa-so step racecheck_faso 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
+    step memcheck_nonfin 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_PREFILL=fa-ldg step memcheck_faldg 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=fa-ldg step racecheck_faldg 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step synccheck_prefill 150 "$SAN" --tool synccheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
@@ -125,7 +137,7 @@ if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu
         PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
     done
 fi
-PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
+[ "${FOCUS:-}" != prefill ] && PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
 # prefill variants, two rounds in opposite orders, beside earlier builds: AB_BUILDS lists
 # DIR[:VARIANT] (DIR holding tools/pagedattn and libpagedattn.so of an earlier commit, run with
 # PAGEDATTN_CUDA_PREFILL=VARIANT when given)
@@ -137,7 +149,7 @@ ab_old() { # ab_old ROUND
             step bench_prefill_$(basename "$dir")$var.$1 60 "$dir/tools/pagedattn" bench --backend cuda --cases prefill
     done
 }
-PF_VARIANTS=${PF_VARIANTS:-"fa fa-ldg"}
+PF_VARIANTS=${PF_VARIANTS:-"fa fa32"}
 for round in 1 2; do
     vs=$PF_VARIANTS
     [ $round = 2 ] && vs=$(echo $PF_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
@@ -156,15 +168,31 @@ if command -v ncu >/dev/null 2>&1 && [ "${FOCUS:-}" != prefill ]; then
 fi
 if command -v ncu >/dev/null 2>&1; then
     # one launch of the prefill kernel of each fa variant (tensor-pipe use, issue rate, stalls)
-    for v in ${NCU_PREFILL:-fa}; do
+    for v in ${NCU_PREFILL:-fa}; do # NCU_PREFILL=none: none
+        [ "$v" = none ] && continue
         PAGEDATTN_CUDA_PREFILL=$v step ncu_prefill_$v 90 ncu --clock-control none --kernel-name regex:attn_fa \
             --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
             --section InstructionStats "$CLI" bench --backend cuda --cases prefill
     done
-    # where the default prefill kernel's warps stall, by source line (-lineinfo)
-    step ncu_prefill_src 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 --launch-count 1 \
-        --section WarpStateStats --section SourceCounters "$CLI" bench --backend cuda --cases prefill
+    # where a prefill kernel's warps stall, by source line (-lineinfo): a report, then its details
+    # (the source counters' tables of uncoalesced accesses and bank conflicts) and its
+    # per-instruction SASS page; NCU_SRC names the variant (default: the default kernel; none)
+    [ "${NCU_SRC:-}" != none ] && PAGEDATTN_CUDA_PREFILL=${NCU_SRC:-} step ncu_prefill_src 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 --launch-count 1 \
+        --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis_Tables \
+        -f -o "$LOGS/prefill_src" "$CLI" bench --backend cuda --cases prefill
+    if [ -f "$LOGS/prefill_src.ncu-rep" ]; then
+        step ncu_prefill_details 60 ncu --import "$LOGS/prefill_src.ncu-rep" --page details --print-details all
+        step ncu_prefill_sass 60 ncu --import "$LOGS/prefill_src.ncu-rep" --page source --csv --print-source sass
+    fi
+fi
+if [ -n "${CPU_NATIVE:-}" ]; then
+    # the cpu backend's x86 paths side by side on this host, threads 1 and all: the bf16 cases
+    # (CPU_CASES: another --cases filter)
+    for isa in avx2 avx512 avx512bf16; do
+        PAGEDATTN_CPU_ISA=$isa step cpu_bench_$isa 90 "$CPU_NATIVE/tools/pagedattn" bench \
+            --cases "${CPU_CASES:-bf16}" --threads "1,$JOBS" --repeats 3
+    done
 fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
 PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
