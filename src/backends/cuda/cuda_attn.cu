@@ -902,8 +902,8 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
  * attn_fa_kernel<D, BF, FEAT>: 16-bit q == cache dtype, head size D = 64/128, 16-byte cache loads
  * (P.vec8). A block of 4 warps takes PA_CU_MMA_ROWS = 128 rows (warp w: rows 32w .. 32w + 31 as
  * two 16-row m-tiles, so every K/V fragment read from shared memory feeds two mma), the tile's Q
- * rows in shared memory, keys in chunks of FA_BN = 32 (aligned to multiples of 32 from key 0)
- * double-buffered by cp.async. Scores and the online softmax run in base 2 (the scale times
+ * rows in shared memory, keys in chunks of BN = 32 or 64 (aligned to multiples of BN from key
+ * 0; fa_choose says which layers take which) double-buffered by cp.async. Scores and the online softmax run in base 2 (the scale times
  * log2 e goes into the exponent's FMA on whole chunks, into logit()'s result on masked ones; m is
  * kept in log2 units and turned back for sinks and the LSE).
  * The rescale is lazy: a warp rescales its output and sums only when one of its rows' maxima grew
@@ -918,7 +918,9 @@ __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ p
  * cost 11 registers and its spills slowed the unmasked chunks). P is rounded to the cache dtype
  * for P V (allowed by the contract), the row sums stay fp32. Rows and chunking are fixed by
  * the sequence alone, so a row's bits do not depend on the batch. */
-constexpr int FA_BN = 32; /* keys per chunk (64 measured slower: 255 registers, spills) */
+/* keys per chunk of the kernels with table entries in registers or loaded per key (64 there:
+ * more registers, spills and 4% slower); the shared-memory-offset kernels (TBM 2) also take 64 */
+constexpr int FA_BN = 32;
 template <int D, bool BF, bool FEAT, int TBM, int BN = FA_BN>
 __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
