@@ -651,6 +651,18 @@ static void build_cases(void)
     c.seqs[0] = (gseq){300, 1, 0, 0};
     c.seqs[1] = (gseq){1800, 1, 0, 0}; /* NaN V at key 1200 (poison_inputs) */
     push(c, "nonfinite");
+    /* 16-bit prefill tiles whose 128 rows start inside a token's group of heads (3 query heads
+     * per KV head: 128 is no multiple of 3), so the cuda fa kernel's staged 16-byte output
+     * stores map tile rows back to (token, head) from a mid-group start; a fresh prompt and a
+     * chunk after 40 cached tokens, head 128 (64-key chunks) and head 64 (32-key chunks) */
+    c = base_case();
+    c.D = 128, c.H = 12, c.Hkv = 4, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){0, 150, 0, 0};
+    c.seqs[1] = (gseq){40, 90, 0, 0};
+    push(c, "prefill16");
+    c.D = 64, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_F16;
+    push(c, "prefill16");
 }
 
 int grid_count(void)
