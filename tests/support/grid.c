@@ -47,6 +47,7 @@ typedef struct gcase {
     int explicit_slots; /* explicit slot mapping: every third new token -1 (pre-written) */
     float qscale;       /* query magnitude: sharper or flatter softmax */
     int nonfinite;      /* NaN/inf in cached K and V, new K and V rows and a query (poison_inputs) */
+    float fp8mag;       /* fp8 caches: cached K/V codes' values up to this (0: 8) */
     uint64_t seed;      /* inputs' seed; 0: drawn from the case's index in the grid */
 } gcase;
 
@@ -592,6 +593,61 @@ static void build_group_cases(void)
     }
 }
 
+/* Decodes over fp8 caches with f16 and bf16 queries at head sizes 64 and 128 (a device
+ * backend's tensor-core decode over fp8: 16-bit forms of the codes): cached codes of every
+ * exponent range, subnormal codes only (queries large enough that the scores hang on them: a
+ * flushed subnormal changes every output), the largest codes, and masked keys holding a NaN or
+ * inf V beside rows that see them (a window under speculative steps; block-sparse heads). */
+static void build_fp8_decode_cases(void)
+{
+    static const struct {
+        int32_t D;
+        pa_dtype cache, q;
+        float mag, kscale, vscale, qscale;
+    } rows[] = {
+        {128, PA_DTYPE_FP8_E4M3, PA_DTYPE_BF16, 0.0078125f, 1.0f, 0.5f, 64.0f},  /* E4M3 subnormals */
+        {64, PA_DTYPE_FP8_E4M3, PA_DTYPE_F16, 0.0078125f, 1.0f, 2.0f, 64.0f},
+        {128, PA_DTYPE_FP8_E5M2, PA_DTYPE_F16, 3.0517578e-5f, 1.0f, 0.5f, 16384.0f}, /* E5M2 subnormals */
+        {64, PA_DTYPE_FP8_E5M2, PA_DTYPE_BF16, 3.0517578e-5f, 1.0f, 2.0f, 16384.0f},
+        {64, PA_DTYPE_FP8_E4M3, PA_DTYPE_BF16, 440.0f, 0.00390625f, 0.015625f, 1.0f}, /* largest codes */
+        {128, PA_DTYPE_FP8_E5M2, PA_DTYPE_F16, 57000.0f, 1.52587890625e-5f, 6.103515625e-5f, 1.0f},
+        {128, PA_DTYPE_FP8_E4M3, PA_DTYPE_F16, 0.0f, 0.5f, 2.0f, 1.0f},
+        {64, PA_DTYPE_FP8_E5M2, PA_DTYPE_BF16, 0.0f, 0.7f, 1.3f, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        gcase c = base_case();
+        c.D = rows[i].D, c.H = 16, c.Hkv = 4, c.cache = rows[i].cache;
+        c.qd = c.kvd = c.outd = rows[i].q;
+        c.layout = i % 2 ? LAYOUT_HND : LAYOUT_NHD;
+        c.fp8mag = rows[i].mag, c.kscale = rows[i].kscale, c.vscale = rows[i].vscale, c.qscale = rows[i].qscale;
+        if (i < 6) c.no_kv = 1; /* every key from the cache at the row's magnitude (no new token's) */
+        if (i < 4) c.outd = PA_DTYPE_F32; /* outputs as small as the subnormal values, exactly */
+        decode_only(&c, 300 + 37 * (int32_t)i, 3);
+        c.nseq = 4;
+        c.seqs[3] = (gseq){700, 3, 0, 0}; /* a speculative step of 3 tokens, 2 splits */
+        push(c, "fp8-decode");
+    }
+    /* masked keys with NaN or inf V in steps other rows see, and NaN K codes (poison_inputs) */
+    gcase c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.layout = LAYOUT_HND;
+    c.cache = PA_DTYPE_FP8_E4M3, c.qd = c.kvd = c.outd = PA_DTYPE_BF16, c.kscale = 0.5f, c.vscale = 2.0f;
+    c.bs = (pa_blocksparse){16, 1, 3, 0, 1, 0};
+    decode_only(&c, 1500, 3);
+    c.nonfinite = 1;
+    push(c, "fp8-decode");
+    c = base_case();
+    c.D = 64, c.H = 8, c.Hkv = 2, c.cache = PA_DTYPE_FP8_E5M2, c.qd = c.kvd = c.outd = PA_DTYPE_F16;
+    c.sw = 30, c.kscale = 0.7f, c.vscale = 1.3f;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){200, 4, 0, 0};
+    c.seqs[1] = (gseq){60, 5, 0, 0};
+    c.seqs[2] = (gseq){1100, 3, 0, 0};
+    c.nonfinite = 1;
+    push(c, "fp8-decode");
+    c.cache = PA_DTYPE_FP8_E4M3, c.qd = c.kvd = c.outd = PA_DTYPE_BF16, c.D = 128;
+    push(c, "fp8-decode");
+}
+
 static void build_cases(void)
 {
     if (ncases) return;
@@ -663,6 +719,7 @@ static void build_cases(void)
     push(c, "prefill16");
     c.D = 64, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_F16;
     push(c, "prefill16");
+    build_fp8_decode_cases();
 }
 
 int grid_count(void)
@@ -862,9 +919,10 @@ static pa_status write_random_tokens(ginputs *in, const int64_t *slots, int64_t 
     const gcase *c = in->c;
     int64_t row = (int64_t)c->Hkv * c->D;
     float *k = malloc((size_t)(n * row + 1) * sizeof *k), *v = malloc((size_t)(n * row + 1) * sizeof *v);
+    const float mag = c->fp8mag > 0 ? c->fp8mag : 8.0f;
     for (int64_t i = 0; i < n * row; i++) {
-        k[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->kscale * 8 : 1.0f);
-        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0f);
+        k[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->kscale * mag : 1.0f);
+        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * mag : 1.0f);
     }
     pa_status s = pa_cache_write(NULL, &in->cache, PA_DTYPE_F32, k, 0, v, 0, slots, n, c->kscale, c->vscale);
     free(k);
@@ -1164,7 +1222,7 @@ static void tolerance(const gcase *c, double *atol, double *rtol)
      * rounding boundary may round to the neighbour of the exact result's rounding */
     double out_eps = c->outd == PA_DTYPE_F32 ? 0 : c->outd == PA_DTYPE_F16 ? 1.0 / 1024 : 1.0 / 128;
     double p_eps = c->cache == PA_DTYPE_F16 ? 1.0 / 2048 : c->cache == PA_DTYPE_BF16 ? 1.0 / 256 : 0;
-    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0;
+    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * (c->fp8mag > 0 ? c->fp8mag : 8) : 1.0;
     *rtol = out_eps;
     *atol = vmax * (2e-5 + p_eps) + out_eps * 1e-3;
 }
