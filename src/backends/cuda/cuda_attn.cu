@@ -1513,20 +1513,11 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
     }
 }
 
-/* Asks L2 for the line holding p (no register, no wait): keeps more of a memory-bound
- * kernel's bytes in flight than its registers could. */
-__device__ __forceinline__ void prefetch_l2(const void *p)
-{
-#ifdef PA_CU_EMULATE
-    (void)p;
-#else
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 /* Element offset (before the head and dim offsets) of key j of a sequence's table. */
 __device__ __forceinline__ int64_t dec_key_off(const pa_cu_attn_params &P, const int32_t *table, int j)
 {
+    if (P.c_bs_log2 >= 0) /* a power-of-two block size (the usual): no integer division */
+        return (int64_t)table[j >> P.c_bs_log2] * P.c_block + (int64_t)(j & (P.c_bs - 1)) * P.c_token;
     return (int64_t)table[j / P.c_bs] * P.c_block + (int64_t)(j % P.c_bs) * P.c_token;
 }
 
@@ -1566,29 +1557,181 @@ __device__ __forceinline__ void dec_load_step(const pa_cu_attn_params &P, const 
     }
 }
 
-/* The lines the same lane would load at step jn, asked of L2 ahead of time. */
-template <int KC, int NT>
-__device__ __forceinline__ void dec_prefetch_step(const pa_cu_attn_params &P, const int32_t *table, int jn,
-                                                  int kend, int g, int t4, int64_t head_off,
-                                                  const uint16_t *kc, const uint16_t *vc)
+/* ---- fp8 elements as mma operands ---------------------------------------------------------
+ *
+ * The tensor-core decode takes fp8 caches without a conversion instruction: a byte permute puts
+ * two codes in the upper bytes of a 16-bit pair (with the lower code's sign copied into the byte
+ * above it), one arithmetic shift and one mask move them into place, and the 16-bit value then
+ * reads as the code's value times a power of two, subnormals included, because both formats
+ * keep sign, exponent and mantissa in that order:
+ *   E4M3 as bf16 (shift 4): value x 2^-120, scaled back by one exact bf16x2 FMA (x 2^120);
+ *   E4M3 as f16  (shift 1): value x 2^-8, which the kernel folds into k_scale / v_scale;
+ *   E5M2 as bf16 (shift 3): value x 2^-112, scaled back by one bf16x2 FMA (x 2^112);
+ *   E5M2 as f16  (shift 0): the value itself (E5M2 is the upper byte of an f16).
+ * The forms get some codes wrong: E4M3's NaN (S.1111.111 reads as 480) and, as bf16, E5M2's
+ * infinities and NaNs (S.11111.mm). A step that holds such a code (f8_special, voted over the
+ * warp) converts its pairs element by element instead (pa_cu_e4m3_to_f32 / pa_cu_e5m2_to_f32,
+ * exact in either 16-bit type), into the same scaled forms. */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+#ifdef PA_CU_EMULATE
+    const uint64_t v = ((uint64_t)b << 32) | a;
+    uint32_t r = 0;
+    for (int n = 0; n < 4; n++) {
+        const uint32_t s = (sel >> (4 * n)) & 15u;
+        uint32_t byte = (uint32_t)(v >> (8 * (s & 7u))) & 0xffu;
+        if (s & 8u) byte = (byte & 0x80u) ? 0xffu : 0u; /* the byte's sign, replicated */
+        r |= byte << (8 * n);
+    }
+    return r;
+#else
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+#endif
+}
+
+/* The two values of a bf16x2 times the bf16x2 c (both halves the same power of two): exact. */
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t x, uint32_t c)
+{
+#ifdef PA_CU_EMULATE
+    return pack16(f32_to_16(f16_to_32(x, true) * f16_to_32(c, true), true),
+                  f32_to_16(f16_to_32(x >> 16, true) * f16_to_32(c, true), true));
+#else
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(c), "r"(0x80008000u)); /* + (-0) */
+    return r;
+#endif
+}
+
+/* Shift, mask and bf16 scale-back (0: none) of fp8 format CD's form as a 16-bit type (BF). */
+template <int CD, bool BF>
+struct f8form {
+    static constexpr bool E4 = CD == PA_DTYPE_FP8_E4M3;
+    static constexpr int shift = E4 ? (BF ? 4 : 1) : (BF ? 3 : 0);
+    static constexpr uint32_t mask = E4 ? (BF ? 0x87f087f0u : 0xbf80bf80u) : (BF ? 0x8fe08fe0u : 0xff00ff00u);
+    static constexpr uint32_t scale = !BF ? 0u : E4 ? 0x7b807b80u /* 2^120 */ : 0x77807780u /* 2^112 */;
+    /* the form's value over the code's value (f16 E4M3: 2^-8) */
+    static constexpr float ratio = (E4 && !BF) ? 0.00390625f : 1.f;
+    /* codes the form gets wrong: bit 7 of a byte of (x & smask) + sadd; none when smask is 0 */
+    static constexpr uint32_t smask = E4 ? 0x7f7f7f7fu : (BF ? 0x7c7c7c7cu : 0u);
+    static constexpr uint32_t sadd = E4 ? 0x01010101u : 0x04040404u;
+};
+
+/* prmt selectors: codes 0, 1 (lo) or 2, 3 (hi) of one word as a pair; byte b of word a (lower
+ * value) and of word b (upper value) as a pair */
+constexpr uint32_t F8_SEL_LO = 0x1804u, F8_SEL_HI = 0x3a24u;
+__device__ __forceinline__ uint32_t f8_sel2(int b)
+{
+    return ((4u + b) << 12) | ((8u | b) << 8) | ((uint32_t)b << 4) | (uint32_t)b;
+}
+
+/* One code as its 16-bit form, element by element (exact; NaN and inf kept). */
+template <int CD, bool BF>
+__device__ __forceinline__ uint16_t f8_form1(uint32_t code)
+{
+    const uint8_t b = (uint8_t)code;
+    const float x = CD == PA_DTYPE_FP8_E4M3 ? pa_cu_e4m3_to_f32(b) : pa_cu_e5m2_to_f32(b);
+    return f32_to_16(x * f8form<CD, BF>::ratio, BF);
+}
+
+/* The pair that prmt(a, b, sel) places: the codes named by sel's nibbles 1 (lower value) and 3
+ * (upper), as 16-bit forms; `exact` (warp-uniform): element by element. */
+template <int CD, bool BF>
+__device__ __forceinline__ uint32_t f8_pair(uint32_t a, uint32_t b, uint32_t sel, bool exact)
+{
+    typedef f8form<CD, BF> F;
+    if (exact) {
+        const uint64_t v = ((uint64_t)b << 32) | a;
+        const uint32_t lo = (uint32_t)(v >> (8 * ((sel >> 4) & 7u))), hi = (uint32_t)(v >> (8 * ((sel >> 12) & 7u)));
+        return pack16(f8_form1<CD, BF>(lo), f8_form1<CD, BF>(hi));
+    }
+    const uint32_t t = (uint32_t)((int32_t)prmt(a, b, sel) >> F::shift) & F::mask;
+    return F::scale ? bf16x2_mul(t, F::scale) : t;
+}
+
+/* Accumulates the special-code test of word x (see f8form::smask). */
+template <int CD, bool BF>
+__device__ __forceinline__ void f8_special(uint32_t &acc, uint32_t x)
+{
+    typedef f8form<CD, BF> F;
+    if (F::smask) acc |= (x & F::smask) + F::sadd;
+}
+
+/* One 16-key step's raw K and V of a lane of the tensor-core decode (layouts at the kernel):
+ * 16-bit caches: K rows jb + g, jb + 8 + g, dims 32c + 8t4 .. + 8 (D/32 loads of 16 bytes);
+ * V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}, dims [D/8 g, D/8 (g + 1)) (D/64 loads).
+ * fp8 caches: the same keys; K dims [D/4 t4, D/4 (t4 + 1)) (D/64 loads of 16 bytes), V dims
+ * [D/8 g, D/8 (g + 1)) (one load of D/8 bytes; head 64: the upper half of v[i] zero). */
+template <int D, bool F8>
+struct dec_regs {
+    uint4 k[2][D / 32];
+    uint4 v[4][D / 64];
+};
+template <int D>
+struct dec_regs<D, true> {
+    uint4 k[2][D / 64];
+    uint4 v[4][1];
+};
+
+__device__ __forceinline__ uint32_t word4(const uint4 &r, int i)
+{
+    return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+
+/* dec_load_step over an fp8 cache (dec_regs<D, true>: 16-byte aligned rows, see dec_pick). */
+template <int D>
+__device__ __forceinline__ void dec_load_step8(const pa_cu_attn_params &P, const int32_t *table, int jb, int kbeg,
+                                               int kend, int g, int t4, int64_t head_off, const uint8_t *kc,
+                                               const uint8_t *vc, dec_regs<D, true> &r)
 {
 #pragma unroll
     for (int T = 0; T < 2; T++) {
-        const int j = jn + 8 * T + g;
-        if (j < kend) {
-            const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
-            prefetch_l2(kc + base);
-            if (KC > 2) prefetch_l2(kc + base + 64);
+        const int j = jb + 8 * T + g;
+        if (j >= kbeg && j < kend) {
+            const int64_t base = dec_key_off(P, table, j) + head_off + (D / 4) * t4;
+#pragma unroll
+            for (int cc = 0; cc < D / 64; cc++) r.k[T][cc] = *(const uint4 *)(kc + base + 16 * cc);
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < D / 64; cc++) r.k[T][cc] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int j = jn + 8 * (i >> 1) + 2 * t4 + (i & 1);
-        if (j < kend) prefetch_l2(vc + dec_key_off(P, table, j) + head_off + NT * g);
+        const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
+        r.v[i][0] = make_uint4(0u, 0u, 0u, 0u);
+        if (j >= kbeg && j < kend) {
+            const uint8_t *p = vc + dec_key_off(P, table, j) + head_off + (D / 8) * g;
+            if (D == 128) {
+                r.v[i][0] = *(const uint4 *)p;
+            } else {
+                const uint2 h = *(const uint2 *)p;
+                r.v[i][0].x = h.x, r.v[i][0].y = h.y;
+            }
+        }
     }
 }
 
-/* ---- tensor-core decode tiles (16-bit cache, q of the same dtype, head size 64 or 128) -----
+/* P^T fragments of the tensor-core decode from a lane's 16-bit probabilities p (rows 2t4 and
+ * 2t4 + 1 of keys g and g + 8 of S^T): b0 = (P[key 2t4][row g], P[key 2t4 + 1][row g]), b1 the
+ * same keys + 8, gathered by four shuffles (sources srcA, srcB; hi_half: odd g). */
+__device__ __forceinline__ void dec_p_frag(const uint16_t (&p)[4], int srcA, int srcB, bool hi_half, uint32_t (&b)[2])
+{
+    const uint32_t w01 = pack16(p[0], p[1]), w23 = pack16(p[2], p[3]); /* rows 2t4, 2t4+1 */
+    const uint32_t a01 = __shfl_sync(0xffffffffu, w01, srcA), b01 = __shfl_sync(0xffffffffu, w01, srcB);
+    const uint32_t a23 = __shfl_sync(0xffffffffu, w23, srcA), b23 = __shfl_sync(0xffffffffu, w23, srcB);
+    if (hi_half) {
+        b[0] = (a01 >> 16) | (b01 & 0xffff0000u);
+        b[1] = (a23 >> 16) | (b23 & 0xffff0000u);
+    } else {
+        b[0] = (a01 & 0xffffu) | (b01 << 16);
+        b[1] = (a23 & 0xffffu) | (b23 << 16);
+    }
+}
+
+/* ---- tensor-core decode tiles (head size 64 or 128; a 16-bit cache with q of its dtype, or an
+ * fp8 cache with f16 or bf16 q) -------------------------------------------------------------
  *
  * The same work items and results as decode_kernel, with the arithmetic on mma.sync so that a
  * warp spends its time waiting for memory, not computing. Every K and V element reaches the lane
@@ -1604,8 +1747,15 @@ __device__ __forceinline__ void dec_prefetch_step(const pa_cu_attn_params &P, co
  * dec_load_step, four warps walk interleaved 16-key steps; P^T's fragments are gathered from the
  * S^T accumulators with four shuffles of packed 16-bit pairs per 16 keys. Lane (g, t4) owns
  * rows 2t4 and 2t4 + 1 in S^T and O^T; O^T row g of m-tile mt is real dim (D/8) g + 2 mt (and
- * + 1 for row g + 8). */
-template <int D, int CD, bool PF, int MINB>
+ * + 1 for row g + 8).
+ * fp8 caches (F8): K and V as 16-bit forms built from the codes (f8_pair): S^T in q's dtype
+ * (QB), O^T in f16 as two products, P = p16 + plo (P rounded to f16, and the remainder rounded
+ * to f16: ~22 bits, as the contract keeps P in fp32 where the value dtype is not 16-bit; a
+ * NaN V times a P of 0 stays NaN); lane quad t4
+ * supplies K's real dims D/4 t4 + 4 ks .. + 4 in k-step ks (two 16-byte loads per key at head
+ * 128, dec_regs); a loop turn takes two 16-key steps with all their loads issued first, as many
+ * bytes per warp as one 16-bit step. */
+template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
@@ -1613,7 +1763,12 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr int KC = D / 32; /* 16-byte K loads per key row */
     constexpr int VW = NT / 8; /* 16-byte V loads per key row */
     constexpr int NW = DEC_THREADS / 32;
-    constexpr bool BF = CD == PA_DTYPE_BF16;
+    constexpr bool F8 = CD == PA_DTYPE_FP8_E4M3 || CD == PA_DTYPE_FP8_E5M2;
+    constexpr bool BF = F8 ? QB : CD == PA_DTYPE_BF16; /* S^T's operands */
+    constexpr bool VB = F8 ? false : BF;               /* O^T's operands */
+    constexpr int SUB = F8 ? 2 : 1;                    /* 16-key steps per loop turn */
+    typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, BF> FK; /* fp8 forms of K and V */
+    typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, false> FV;
     PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
     PA_CU_STATIC_SMEM float sh_w[NW][8];
     PA_CU_STATIC_SMEM float sh_l[NW][8];
@@ -1634,6 +1789,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     const int32_t *table = P.tables + (int64_t)s * P.table_stride;
     const int64_t head_off = (int64_t)hk * P.c_head;
     const uint16_t *kc = (const uint16_t *)P.kc, *vc = (const uint16_t *)P.vc;
+    const uint8_t *kc8 = (const uint8_t *)P.kc, *vc8 = (const uint8_t *)P.vc;
 
     /* Row r of the tile: valid, head, position, visible keys. Lane (g, t4) needs row g (its Q
      * fragment) and rows 2t4, 2t4 + 1 (its scores). */
@@ -1668,7 +1824,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
         const uint16_t *qp = (const uint16_t *)P.q + (q0 + tq) * P.q_rs + (int64_t)rh[0] * D;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
-            const int d = 32 * (ks >> 1) + 8 * t4 + 4 * (ks & 1);
+            const int d = F8 ? (D / 4) * t4 + 4 * ks : 32 * (ks >> 1) + 8 * t4 + 4 * (ks & 1);
             qb[ks][0] = rvv[0] ? pack16(qp[d], qp[d + 1]) : 0u;
             qb[ks][1] = rvv[0] ? pack16(qp[d + 2], qp[d + 3]) : 0u;
         }
@@ -1677,7 +1833,9 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
 #pragma unroll
     for (int n = 0; n < MT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows 2t4, 2t4 + 1 */
-    const float kmul = P.scale;
+    /* fp8: S^T and O^T over the forms (f8form::ratio), scaled back with k_scale and v_scale */
+    const float kmul = F8 ? P.scale * P.k_scale : P.scale;
+    const float kratio = F8 ? 1.f / FK::ratio : 1.f, vratio = F8 ? 1.f / FV::ratio : 1.f;
     /* P^T sources: keys 2t4 (+1) of S^T live in lanes 4 (2t4) + g/2 and 4 (2t4 + 1) + g/2 */
     const int srcA = 4 * (2 * t4) + (g >> 1), srcB = 4 * (2 * t4 + 1) + (g >> 1);
     const bool hi_half = (g & 1) != 0;
@@ -1687,19 +1845,55 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
      * row has the same range and there is no block-sparse pattern: the usual decode) */
     const bool mixed = __any_sync(0xffffffffu, P.bs_block > 0 || (rvv[1] && (rlo[1] != kbeg || rhi[1] != kend)) ||
                                                    (rvv[2] && (rlo[2] != kbeg || rhi[2] != kend)));
-    for (int jb = chunk0 + 16 * warp; jb < kend; jb = kend - jb > 16 * NW ? jb + 16 * NW : kend) {
-        uint4 kr[2][KC], vr[4][VW];
-        if (PF && kend - jb > 16 * NW) /* this warp's next step, into L2 */
-            dec_prefetch_step<KC, NT>(P, table, jb + 16 * NW, kend, g, t4, head_off, kc, vc);
-        dec_load_step<KC, VW, NT>(P, table, jb, kbeg, kend, g, t4, head_off, kc, vc, kr, vr);
+    constexpr int TURN = 16 * SUB;
+    for (int jt = chunk0 + TURN * warp; jt < kend; jt = kend - jt > TURN * NW ? jt + TURN * NW : kend) {
+        dec_regs<D, F8> rr[SUB];
+#pragma unroll
+        for (int h = 0; h < SUB; h++) { /* every load of the turn before the first use */
+            if constexpr (F8)
+                dec_load_step8<D>(P, table, jt + 16 * h, kbeg, kend, g, t4, head_off, kc8, vc8, rr[h]);
+            else
+                dec_load_step<KC, VW, NT>(P, table, jt, kbeg, kend, g, t4, head_off, kc, vc, rr[h].k, rr[h].v);
+        }
+#pragma unroll
+        for (int h = 0; h < SUB; h++) {
+        const int jb = jt + 16 * h;
+        if (jb >= kend) break;
+        auto &kr = rr[h].k;
+        auto &vr = rr[h].v;
+        /* fp8: a code the fast forms get wrong anywhere in the warp's step: element by element */
+        bool ex = false;
+        if constexpr (F8) {
+            uint32_t sp = 0;
+#pragma unroll
+            for (int T = 0; T < 2; T++)
+#pragma unroll
+                for (int cc = 0; cc < D / 64; cc++)
+#pragma unroll
+                    for (int w = 0; w < 4; w++) f8_special<CD, BF>(sp, word4(kr[T][cc], w));
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int w = 0; w < D / 32; w++) f8_special<CD, false>(sp, word4(vr[i][0], w));
+            if (FK::smask || FV::smask) ex = __any_sync(0xffffffffu, (sp & 0x80808080u) != 0u);
+        }
 
         /* S^T = K Q^T: c0 (key jb + g, row 2t4), c1 (.., 2t4 + 1), c2/c3 key jb + 8 + g */
         float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
-            const uint4 &r0 = kr[0][ks >> 1], &r1 = kr[1][ks >> 1];
-            const bool h1 = (ks & 1) != 0;
-            const uint32_t a[4] = {h1 ? r0.z : r0.x, h1 ? r1.z : r1.x, h1 ? r0.w : r0.y, h1 ? r1.w : r1.y};
+            uint32_t a[4];
+            if constexpr (F8) {
+                const uint32_t x0 = word4(kr[0][ks >> 2], ks & 3), x1 = word4(kr[1][ks >> 2], ks & 3);
+                a[0] = f8_pair<CD, BF>(x0, 0u, F8_SEL_LO, ex);
+                a[1] = f8_pair<CD, BF>(x1, 0u, F8_SEL_LO, ex);
+                a[2] = f8_pair<CD, BF>(x0, 0u, F8_SEL_HI, ex);
+                a[3] = f8_pair<CD, BF>(x1, 0u, F8_SEL_HI, ex);
+            } else {
+                const uint4 &r0 = kr[0][ks >> 1], &r1 = kr[1][ks >> 1];
+                const bool h1 = (ks & 1) != 0;
+                a[0] = h1 ? r0.z : r0.x, a[1] = h1 ? r1.z : r1.x, a[2] = h1 ? r0.w : r0.y, a[3] = h1 ? r1.w : r1.y;
+            }
             const uint32_t b[2] = {qb[ks][0], qb[ks][1]};
             mma16816(sc, a, b, BF);
         }
@@ -1710,7 +1904,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             const int j = jb + g + 8 * (e >> 1);
             float v = -INFINITY;
             if (j >= rlo[i] && j < rhi[i] && blocksparse_visible(P, rh[i], rp[i], j))
-                v = logit(P, sc[e] * kmul, rh[i], rp[i], j);
+                v = logit(P, (F8 ? sc[e] * kratio : sc[e]) * kmul, rh[i], rp[i], j);
             x[e] = v;
         }
         bool fix = false;
@@ -1722,16 +1916,27 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
                 mk |= x[e] == -INFINITY && j >= kbeg && j < kend;
             }
             if (__any_sync(0xffffffffu, mk)) {
+                if constexpr (F8) { /* E4M3: NaN codes; E5M2: infinities and NaNs */
+                    typedef f8form<CD, true> FN;
+                    uint32_t sp = 0;
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                    for (int i = 0; i < 4; i++)
 #pragma unroll
-                    for (int w = 0; w < VW; w++)
-                        bad |= nonfinite2(vr[i][w].x, BF) || nonfinite2(vr[i][w].y, BF) ||
-                               nonfinite2(vr[i][w].z, BF) || nonfinite2(vr[i][w].w, BF);
+                        for (int w = 0; w < D / 32; w++) sp |= (word4(vr[i][0], w) & FN::smask) + FN::sadd;
+                    bad = (sp & 0x80808080u) != 0u;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+#pragma unroll
+                        for (int w = 0; w < VW; w++)
+                            bad |= nonfinite2(vr[i][w].x, BF) || nonfinite2(vr[i][w].y, BF) ||
+                                   nonfinite2(vr[i][w].z, BF) || nonfinite2(vr[i][w].w, BF);
+                }
                 fix = __any_sync(0xffffffffu, bad);
             }
         }
-        uint16_t p16[4];
+        uint16_t p16[4], plo[4]; /* fp8: P = p16 + plo (f16 each), see the kernel's comment */
+        float p32[4];
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* row 2t4 + r: x[r] (key g), x[2 + r] (key g + 8) */
             float mx = fmaxf(x[r], x[2 + r]);
@@ -1744,36 +1949,39 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             const float p1 = x[2 + r] == -INFINITY ? 0.f : expf(x[2 + r] - m_new);
             l[r] = l[r] * alpha + (p0 + p1);
             m[r] = m_new;
-            p16[r] = f32_to_16(p0, BF);
-            p16[2 + r] = f32_to_16(p1, BF);
+            p16[r] = f32_to_16(p0, VB);
+            p16[2 + r] = f32_to_16(p1, VB);
+            if (F8) {
+                p32[r] = p0, p32[2 + r] = p1;
+                plo[r] = f32_to_16(p0 - f16_to_32(p16[r], false), false);
+                plo[2 + r] = f32_to_16(p1 - f16_to_32(p16[2 + r], false), false);
+            }
 #pragma unroll
             for (int n = 0; n < MT; n++) o[n][r] *= alpha, o[n][2 + r] *= alpha;
         }
-        /* P^T fragments: b0 = (P[key 2t4][row g], P[key 2t4 + 1][row g]), b1 = keys + 8 */
-        const uint32_t w01 = pack16(p16[0], p16[1]), w23 = pack16(p16[2], p16[3]); /* rows 2t4, 2t4+1 */
-        const uint32_t a01 = __shfl_sync(0xffffffffu, w01, srcA), b01 = __shfl_sync(0xffffffffu, w01, srcB);
-        const uint32_t a23 = __shfl_sync(0xffffffffu, w23, srcA), b23 = __shfl_sync(0xffffffffu, w23, srcB);
-        uint32_t pb[2];
-        if (hi_half) {
-            pb[0] = (a01 >> 16) | (b01 & 0xffff0000u);
-            pb[1] = (a23 >> 16) | (b23 & 0xffff0000u);
-        } else {
-            pb[0] = (a01 & 0xffffu) | (b01 << 16);
-            pb[1] = (a23 & 0xffffu) | (b23 << 16);
-        }
+        uint32_t pb[2], pl[2];
+        dec_p_frag(p16, srcA, srcB, hi_half, pb);
+        if (F8) dec_p_frag(plo, srcA, srcB, hi_half, pl); /* the low parts alike */
         if (fix) {
             /* the step's V (key x dim, as loaded) and probabilities (key x row, -0 = masked)
              * through this warp's shared scratch, then plain FMAs that skip masked entries */
             uint16_t *fv = sh_fv[warp];
             float *fp = sh_fp[warp];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 4; i++) {
+                uint16_t *dst = fv + (2 * t4 + (i & 1) + 8 * (i >> 1)) * D + NT * g;
+                if constexpr (F8) { /* the f16 forms, element by element */
 #pragma unroll
-                for (int w = 0; w < VW; w++)
-                    *(uint4 *)(fv + (2 * t4 + (i & 1) + 8 * (i >> 1)) * D + NT * g + 8 * w) = vr[i][w];
+                    for (int e = 0; e < NT; e++) dst[e] = f8_form1<CD, false>(word4(vr[i][0], e >> 2) >> (8 * (e & 3)));
+                } else {
+#pragma unroll
+                    for (int w = 0; w < VW; w++) *(uint4 *)(dst + 8 * w) = vr[i][w];
+                }
+            }
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                fp[(g + 8 * (e >> 1)) * 8 + 2 * t4 + (e & 1)] = x[e] == -INFINITY ? -0.f : f16_to_32(p16[e], BF);
+                fp[(g + 8 * (e >> 1)) * 8 + 2 * t4 + (e & 1)] =
+                    x[e] == -INFINITY ? -0.f : F8 ? p32[e] : f16_to_32(p16[e], VB);
             __syncwarp();
 #pragma unroll 1
             for (int k = 0; k < 16; k++) {
@@ -1782,7 +1990,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     const uint32_t w = *(const uint32_t *)(fv + k * D + NT * g + 2 * mt);
-                    const float v0 = f16_to_32(w, BF), v1 = f16_to_32(w >> 16, BF);
+                    const float v0 = f16_to_32(w, VB), v1 = f16_to_32(w >> 16, VB);
                     if (u0) o[mt][0] = fmaf(p0, v0, o[mt][0]), o[mt][2] = fmaf(p0, v1, o[mt][2]);
                     if (u1) o[mt][1] = fmaf(p1, v0, o[mt][1]), o[mt][3] = fmaf(p1, v1, o[mt][3]);
                 }
@@ -1793,16 +2001,26 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
         /* O^T += V^T P^T: A row g of m-tile mt = real dim NT g + 2 mt, row g + 8 = that + 1 */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            const int q = mt >> 2, cpt = mt & 3;
-            uint32_t wv[4];
+            uint32_t a[4];
+            if constexpr (F8) { /* byte 2 mt (rows g) and 2 mt + 1 (rows g + 8) of each key's dims */
+                const int w = mt >> 1, b = 2 * (mt & 1);
+                const uint32_t x0 = word4(vr[0][0], w), x1 = word4(vr[1][0], w);
+                const uint32_t x2 = word4(vr[2][0], w), x3 = word4(vr[3][0], w);
+                a[0] = f8_pair<CD, false>(x0, x1, f8_sel2(b), ex);
+                a[1] = f8_pair<CD, false>(x0, x1, f8_sel2(b + 1), ex);
+                a[2] = f8_pair<CD, false>(x2, x3, f8_sel2(b), ex);
+                a[3] = f8_pair<CD, false>(x2, x3, f8_sel2(b + 1), ex);
+            } else {
+                const int q = mt >> 2, cpt = mt & 3;
+                uint32_t wv[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint4 &r = vr[i][q];
-                wv[i] = cpt == 0 ? r.x : cpt == 1 ? r.y : cpt == 2 ? r.z : r.w;
+                for (int i = 0; i < 4; i++) wv[i] = word4(vr[i][q], cpt);
+                a[0] = (wv[0] & 0xffffu) | (wv[1] << 16), a[1] = (wv[0] >> 16) | (wv[1] & 0xffff0000u);
+                a[2] = (wv[2] & 0xffffu) | (wv[3] << 16), a[3] = (wv[2] >> 16) | (wv[3] & 0xffff0000u);
             }
-            const uint32_t a[4] = {(wv[0] & 0xffffu) | (wv[1] << 16), (wv[0] >> 16) | (wv[1] & 0xffff0000u),
-                                   (wv[2] & 0xffffu) | (wv[3] << 16), (wv[2] >> 16) | (wv[3] & 0xffff0000u)};
-            mma16816(o[mt], a, pb, BF);
+            mma16816(o[mt], a, pb, VB);
+            if (F8) mma16816(o[mt], a, pl, VB);
+        }
         }
     }
 #pragma unroll
@@ -1816,8 +2034,9 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt] = o[mt][r];
-            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt + 1] = o[mt][2 + r];
+            /* fp8: the forms' ratio first (exact), then v_scale, as decode_kernel rounds */
+            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt] = F8 ? o[mt][r] * vratio * P.v_scale : o[mt][r];
+            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt + 1] = F8 ? o[mt][2 + r] * vratio * P.v_scale : o[mt][2 + r];
         }
     if (g == 0) {
         sh_w[warp][2 * t4] = m[0], sh_w[warp][2 * t4 + 1] = m[1];
@@ -1840,23 +2059,42 @@ dec_fn dec_pick_dtype(int cd)
     default: return nullptr;
     }
 }
-template <int D>
-dec_fn dec_pick_mma(int variant, bool bf)
+template <int D, int CD, bool QB>
+dec_fn dec_pick_mma_cd(int variant)
 {
     switch (variant) {
-    case PA_CU_DEC_MMAT: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 1>;
-    case PA_CU_DEC_MMAT_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 1> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 1>;
-    case PA_CU_DEC_MMAT4_PF: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, true, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, true, 4>;
-    case PA_CU_DEC_MMAT4: return bf ? decode_mmat_kernel<D, PA_DTYPE_BF16, false, 4> : decode_mmat_kernel<D, PA_DTYPE_F16, false, 4>;
+    case PA_CU_DEC_MMAT: return decode_mmat_kernel<D, CD, 1, QB>;
+    case PA_CU_DEC_MMAT4: return decode_mmat_kernel<D, CD, 4, QB>;
     default: return nullptr;
     }
 }
-dec_fn dec_pick(int head_size, int cd, int qd, int variant)
+/* fp8 caches: one kernel whatever the mmat variant, 4 blocks per multiprocessor (128 registers,
+ * ~110 bytes spilled): E4M3 64 x 4096 on an H200 0.506 ms against 0.584 ms
+ * for 1 block (168 registers, 3 blocks fit) */
+template <int D>
+dec_fn dec_pick_mma(int variant, int cd, bool qbf)
 {
-    /* tensor cores when q and the cache share a 16-bit dtype */
-    if (variant != PA_CU_DEC_SIMT && qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16)) {
-        if (head_size == 64) return dec_pick_mma<64>(variant, cd == PA_DTYPE_BF16);
-        if (head_size == 128) return dec_pick_mma<128>(variant, cd == PA_DTYPE_BF16);
+    switch (cd) {
+    case PA_DTYPE_F16: return dec_pick_mma_cd<D, PA_DTYPE_F16, false>(variant);
+    case PA_DTYPE_BF16: return dec_pick_mma_cd<D, PA_DTYPE_BF16, true>(variant);
+    case PA_DTYPE_FP8_E4M3:
+        return qbf ? decode_mmat_kernel<D, PA_DTYPE_FP8_E4M3, 4, true> : decode_mmat_kernel<D, PA_DTYPE_FP8_E4M3, 4, false>;
+    case PA_DTYPE_FP8_E5M2:
+        return qbf ? decode_mmat_kernel<D, PA_DTYPE_FP8_E5M2, 4, true> : decode_mmat_kernel<D, PA_DTYPE_FP8_E5M2, 4, false>;
+    default: return nullptr;
+    }
+}
+/* The decode kernel of a layer and cache (never of a batch): tensor cores when q and the cache
+ * share a 16-bit dtype, or over an fp8 cache with f16 or bf16 q whose rows start 16-byte
+ * aligned (al16: block, token and head strides); else the SIMT decode kernel. */
+dec_fn dec_pick(int head_size, int cd, int qd, int variant, bool al16)
+{
+    const bool f8 = cd == PA_DTYPE_FP8_E4M3 || cd == PA_DTYPE_FP8_E5M2;
+    const bool mma16 = qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16);
+    const bool mma8 = f8 && al16 && (qd == PA_DTYPE_F16 || qd == PA_DTYPE_BF16);
+    if (variant != PA_CU_DEC_SIMT && (mma16 || mma8)) {
+        if (head_size == 64) return dec_pick_mma<64>(variant, cd, qd == PA_DTYPE_BF16);
+        if (head_size == 128) return dec_pick_mma<128>(variant, cd, qd == PA_DTYPE_BF16);
     }
     switch (head_size) {
     case 64: return dec_pick_dtype<64>(cd);
@@ -1886,15 +2124,13 @@ fa_fn fa_pick_d(bool bf, bool feat, bool tb)
 }
 /* Head size 128 without per-element features: key offsets a chunk ahead in shared memory (tbm
  * 2) over 64-key chunks (fa, the default: 0.580 against 0.624 ms for 32-key chunks on an H200)
- * or 32-key ones (fa-so); everything else, and the fa32/fa-ldg/fa-st variants: 32-key chunks. */
+ * (fa; fa-st the same with per-element stores); everything else, and the fa32/fa-ldg variants:
+ * 32-key chunks. */
 fa_choice fa_choose(int head_size, bool bf, bool feat, int variant)
 {
     if (head_size == 128 && !feat && (variant == PA_CU_PF_FA || variant == PA_CU_PF_FA_ST))
         return {bf ? attn_fa_kernel<128, true, false, 2, 64> : attn_fa_kernel<128, false, false, 2, 64>,
                 fa_smem_bytes(128, 64)};
-    if (head_size == 128 && !feat && variant == PA_CU_PF_FA_SO)
-        return {bf ? attn_fa_kernel<128, true, false, 2, 32> : attn_fa_kernel<128, false, false, 2, 32>,
-                fa_smem_bytes(128, 32)};
     const bool tb = variant != PA_CU_PF_FA_LDG;
     return {head_size == 64 ? fa_pick_d<64>(bf, feat, tb) : fa_pick_d<128>(bf, feat, tb), fa_smem_bytes(head_size, FA_BN)};
 }
@@ -1954,7 +2190,8 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
      * batch, so a sequence's bits never depend on what else is in the batch. */
     const bool from_cache = p->attn_type == PA_ATTN_DECODER || p->attn_type == PA_ATTN_ENCODER_DECODER;
     const dec_fn dec = from_cache && p->vec8 && p->tables && ctx->decode_variant != PA_CU_DEC_OFF
-                           ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, ctx->decode_variant)
+                           ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, ctx->decode_variant,
+                                      p->c_block % 16 == 0 && p->c_token % 16 == 0 && p->c_head % 16 == 0)
                            : nullptr;
     const int64_t n_dec = dec ? plan->num_small : 0;
     const pa_cu_item *simt_items = plan->items + n_dec;

@@ -161,26 +161,25 @@ typedef struct pa_cu_ctx {
  * entries loaded a chunk ahead (per key with those features). fa-ldg = the 32-key kernels with
  * every table entry loaded where its copy is issued, ldm = the first tensor-core tiles (8 warps
  * x 16 rows, 32-key chunks, ldmatrix fragments), fa-st = fa with every output element stored
- * from the mma fragments (2-byte stores), fa-so = 32-key chunks with the offsets in shared
- * memory (head 128, no features), fa32 = the 32-key kernels everywhere. The fa kernels need
+ * from the mma fragments (2-byte stores), fa32 = the 32-key kernels everywhere (fa-so, 32-key
+ * chunks with the offsets in shared memory, 0.610 against fa's 0.587 ms: removed). The fa kernels need
  * 16-byte cache loads; without them ldm runs. */
-enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA_SO, PA_CU_PF_FA32, PA_CU_PF_COUNT };
+enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA32, PA_CU_PF_COUNT };
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat-pf|mmat4-pf|mmat4,
- * for A/B runs; the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the
- * decode kernel without tensor cores, mmat = tensor-core decode (S^T = K Q^T), -pf = with L2
- * prefetch of the next step, mmat4 = capped at 128 registers. The tensor-core ones apply to
- * 16-bit q == cache dtype and head size 64/128; other layers take simt. */
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4, for A/B runs; the
+ * default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel without
+ * tensor cores, mmat = tensor-core decode (S^T = K Q^T), mmat4 = capped at 128 registers. The
+ * tensor-core ones apply to 16-bit q == cache dtype and to fp8 caches under 16-bit q (one
+ * kernel, 4 blocks, whichever of the two), head size 64/128; other layers take simt. */
 enum {
     PA_CU_DEC_OFF,
     PA_CU_DEC_SIMT,
     PA_CU_DEC_MMAT,
-    PA_CU_DEC_MMAT_PF,
-    PA_CU_DEC_MMAT4_PF,
     PA_CU_DEC_MMAT4,
 };
-/* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, mmat-pf
- * 58.8%, the general SIMT kernel 17.4% (NOTES.md) */
+/* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, the
+ * general SIMT kernel 17.4%; variants with an L2 prefetch of the next step (58.8%, and 54.9%
+ * later) were removed (NOTES.md) */
 #define PA_CU_DEC_DEFAULT PA_CU_DEC_MMAT
 
 /* One unit of attention work: rows [row0, row0 + PA_CU_TILE_ROWS) of sequence `seq`'s

@@ -8,7 +8,8 @@
 # in parallel (ops test, grid slices); then, alone on the GPU, the speed runs (`pagedattn bench
 # --backend cuda`: copy bandwidth, decode, prefill, CUDA-graph capture, PyTorch SDPA). Each step is
 # time-boxed; a failed step is reported and the script goes on; the summary table comes last.
-# FOCUS=prefill skips the decode A/B runs; CPU_NATIVE=DIR adds the cpu backend's ISA tests and
+# FOCUS=prefill skips the decode A/B runs, FOCUS=decode the prefill variants' grid runs, A/B
+# runs and Nsight Compute reports; CPU_NATIVE=DIR adds the cpu backend's ISA tests and
 # speed runs on this host's CPU (DIR: a CPU-only build, devpack.sh's build-devbin/cpu).
 # Exit status: number of failed steps.
 set -u
@@ -82,7 +83,8 @@ for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
-for v in fa-ldg fa-st fa-so fa32 ldm; do
+for v in fa-ldg fa-st fa32 ldm; do
+    [ "${FOCUS:-}" = decode ] && break
     PAGEDATTN_CUDA_PREFILL=$v step grid_$v 150 "$T/test_cuda_grid" &
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
@@ -110,7 +112,6 @@ if [ -n "$SAN" ]; then
     step memcheck_prefill 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=fa32 step memcheck_fa32 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=fa32 step racecheck_fa32 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
-    PAGEDATTN_CUDA_PREFILL=fa-so step racecheck_faso 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step memcheck_nonfin 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_PREFILL=fa-ldg step memcheck_faldg 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     PAGEDATTN_CUDA_PREFILL=fa-ldg step racecheck_faldg 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
@@ -130,7 +131,7 @@ fi
 # cores (A/B).
 step bench 120 "$CLI" bench --backend cuda
 if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu) this time
-    for v in mmat-pf mmat4 simt off; do
+    for v in mmat4 simt off; do
         PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
     done
     for k in 256 1024; do
@@ -151,6 +152,7 @@ ab_old() { # ab_old ROUND
 }
 PF_VARIANTS=${PF_VARIANTS:-"fa fa32"}
 for round in 1 2; do
+    [ "${FOCUS:-}" = decode ] && break
     vs=$PF_VARIANTS
     [ $round = 2 ] && vs=$(echo $PF_VARIANTS | tr ' ' '\n' | tac | tr '\n' ' ')
     [ $round = 1 ] && ab_old $round
@@ -165,11 +167,16 @@ if command -v ncu >/dev/null 2>&1 && [ "${FOCUS:-}" != prefill ]; then
     step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
         --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
+    # the same for the fp8 (E4M3, bf16 q) decode kernel, with the instruction mix
+    step ncu_decode_fp8 90 ncu --clock-control none --kernel-name-base demangled \
+        --kernel-name "regex:decode_mmat_kernel<128, 3" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+        --section InstructionStats "$CLI" bench --backend cuda --cases decode
 fi
 if command -v ncu >/dev/null 2>&1; then
     # one launch of the prefill kernel of each fa variant (tensor-pipe use, issue rate, stalls)
     for v in ${NCU_PREFILL:-fa}; do # NCU_PREFILL=none: none
-        [ "$v" = none ] && continue
+        [ "$v" = none ] || [ "${FOCUS:-}" = decode ] && continue
         PAGEDATTN_CUDA_PREFILL=$v step ncu_prefill_$v 90 ncu --clock-control none --kernel-name regex:attn_fa \
             --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
             --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
@@ -178,7 +185,7 @@ if command -v ncu >/dev/null 2>&1; then
     # where a prefill kernel's warps stall, by source line (-lineinfo): a report, then its details
     # (the source counters' tables of uncoalesced accesses and bank conflicts) and its
     # per-instruction SASS page; NCU_SRC names the variant (default: the default kernel; none)
-    [ "${NCU_SRC:-}" != none ] && PAGEDATTN_CUDA_PREFILL=${NCU_SRC:-} step ncu_prefill_src 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 --launch-count 1 \
+    [ "${NCU_SRC:-}" != none ] && [ "${FOCUS:-}" != decode ] && PAGEDATTN_CUDA_PREFILL=${NCU_SRC:-} step ncu_prefill_src 90 ncu --clock-control none --kernel-name regex:attn_fa --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis_Tables \
         -f -o "$LOGS/prefill_src" "$CLI" bench --backend cuda --cases prefill
     if [ -f "$LOGS/prefill_src.ncu-rep" ]; then
