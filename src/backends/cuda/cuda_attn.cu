@@ -1916,13 +1916,12 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
                 mk |= x[e] == -INFINITY && j >= kbeg && j < kend;
             }
             if (__any_sync(0xffffffffu, mk)) {
-                if constexpr (F8) { /* E4M3: NaN codes; E5M2: infinities and NaNs */
-                    typedef f8form<CD, true> FN;
+                if constexpr (F8) { /* E4M3: NaN codes; E5M2: infinities and NaNs (the bf16 forms' test) */
                     uint32_t sp = 0;
 #pragma unroll
                     for (int i = 0; i < 4; i++)
 #pragma unroll
-                        for (int w = 0; w < D / 32; w++) sp |= (word4(vr[i][0], w) & FN::smask) + FN::sadd;
+                        for (int w = 0; w < D / 32; w++) f8_special<CD, true>(sp, word4(vr[i][0], w));
                     bad = (sp & 0x80808080u) != 0u;
                 } else {
 #pragma unroll

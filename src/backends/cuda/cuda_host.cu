@@ -47,8 +47,9 @@ static void make_info(void)
     int len = snprintf(g_info, sizeof g_info,
                        "cuda: checked on NVIDIA H200 and H100 (sm_90) with src/backends/cuda/devcheck.sh "
                        "(case grid, compute-sanitizer memcheck and racecheck); never run on sm_80\n"
-                       "cuda: runtime %d.%d, driver %d.%d; tensor-core decode and prefill tiles "
-                       "for 16-bit q == cache dtype (head 64/128), SIMT kernels for the rest\n",
+                       "cuda: runtime %d.%d, driver %d.%d; tensor-core prefill tiles for 16-bit q == cache "
+                       "dtype, tensor-core decode for that and for fp8 caches under 16-bit q (head 64/128), "
+                       "SIMT kernels for the rest\n",
                        rt / 1000, (rt % 1000) / 10, drv / 1000, (drv % 1000) / 10);
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
