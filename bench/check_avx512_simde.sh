@@ -35,6 +35,8 @@ static inline __m512i _mm512_cvtepu16_epi32(__m256i h) { uint16_t a[16]; uint32_
   for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
 static inline __m512i _mm512_cvtepu8_epi32(__m128i x) { uint8_t a[16]; uint32_t u[16]; __m512i r; memcpy(a, &x, 16);
   for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
+static inline __m512i _mm512_cvtepi8_epi32(__m128i x) { int8_t a[16]; int32_t u[16]; __m512i r; memcpy(a, &x, 16);
+  for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
 static inline float _mm512_reduce_add_ps(__m512 x) { float f[16]; memcpy(f, &x, 64); float s = 0;
   for (int i = 0; i < 16; i++) s += f[i]; return s; }
 /* aligned accesses check their address as the hardware would (SIMDe only needs 16 bytes here) */

@@ -190,7 +190,14 @@ int main(void)
     pa_context *bad = NULL;
     CHECK_FAILS_WITH(pa_context_create(pa_backend_find("cpu"), NULL, &bad), PA_STATUS_INVALID_ARGUMENT,
                      "PAGEDATTN_CPU_ISA");
+    CHECK(bad == NULL);
     unsetenv("PAGEDATTN_CPU_ISA");
+    /* so is an E4M3 conversion name that is not one */
+    setenv("PAGEDATTN_CPU_FP8", "fp4", 1);
+    CHECK_FAILS_WITH(pa_context_create(pa_backend_find("cpu"), NULL, &bad), PA_STATUS_INVALID_ARGUMENT,
+                     "PAGEDATTN_CPU_FP8");
+    CHECK(bad == NULL);
+    unsetenv("PAGEDATTN_CPU_FP8");
 
     pa_cache_free(&w.cache);
     pa_layer_destroy(w.layer);

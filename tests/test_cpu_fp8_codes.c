@@ -6,7 +6,8 @@
  * row's probabilities are equal, so every output element is the value of its code (exactly for
  * the rows that see 1, 2, 4, 8 or 16 keys, within rounding of 1/count otherwise); a NaN code must
  * give NaN, an infinite one its infinity. E4M3 runs twice: with its NaN codes, and with them
- * replaced by zero (the AVX2 kernels then take their conversion without the NaN fix-up). */
+ * replaced by zero (the AVX2 kernels then take their conversion without the NaN fix-up); every
+ * ISA path under both E4M3 conversions (PAGEDATTN_CPU_FP8). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_cpu_isa.h"
@@ -106,21 +107,23 @@ int main(void)
                 kp[e] = 0;
                 vp[e] = codes[j];
             }
-        for (int i = 0; i < TEST_CPU_NISA; i++) {
-            if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
-            char what[96];
+        for (int i = 0; i < TEST_CPU_NISA * TEST_CPU_NFP8; i++) {
+            setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[i % TEST_CPU_NFP8], 1);
+            if (!test_cpu_isa_set(cpu, test_cpu_isas[i / TEST_CPU_NFP8])) continue;
+            char what[128];
             /* decode: one new token over 16 keys; prefill: 16 causal tokens (1..16 keys each) */
-            snprintf(what, sizeof what, "%s%s decode, isa %s", pa_dtype_name(dt), v == 1 ? " (no NaN)" : "",
-                     test_cpu_isas[i]);
+            snprintf(what, sizeof what, "%s%s decode, isa %s, fp8 forms %s", pa_dtype_name(dt),
+                     v == 1 ? " (no NaN)" : "", test_cpu_isas[i / TEST_CPU_NFP8], test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
             run(cpu, layer, &cache, table, KEYS - 1, 1, out);
             CHECK_INT(check(what, dt, codes, out, 1), 0);
-            snprintf(what, sizeof what, "%s%s prefill, isa %s", pa_dtype_name(dt), v == 1 ? " (no NaN)" : "",
-                     test_cpu_isas[i]);
+            snprintf(what, sizeof what, "%s%s prefill, isa %s, fp8 forms %s", pa_dtype_name(dt),
+                     v == 1 ? " (no NaN)" : "", test_cpu_isas[i / TEST_CPU_NFP8], test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
             run(cpu, layer, &cache, table, 0, KEYS, out);
             CHECK_INT(check(what, dt, codes, out, KEYS), 0);
             ran++;
         }
         unsetenv("PAGEDATTN_CPU_ISA");
+        unsetenv("PAGEDATTN_CPU_FP8");
         pa_cache_free(&cache);
         pa_layer_destroy(layer);
     }

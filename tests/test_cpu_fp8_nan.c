@@ -1,7 +1,8 @@
 /* test_cpu_fp8_nan.c: an fp8 E4M3 cache holding NaN values (S.1111.111) among the keys a decode
  * step reads. The AVX2 decode kernels convert E4M3 rows without the NaN fix-up when a check of
  * the call's rows finds none, and exactly otherwise; this test makes both paths run and holds
- * each ISA path to the reference: the same NaN positions in the output, the same values
+ * each ISA path, under both E4M3 conversions (PAGEDATTN_CPU_FP8: f16 forms, and bf16 words
+ * with their own NaN fix-up), to the reference: the same NaN positions in the output, the same values
  * elsewhere. NaN only in V reaches exactly the output dims it sits in (for the query heads of
  * its KV head); NaN in K makes that key's score NaN. */
 #define _POSIX_C_SOURCE 200809L
@@ -105,10 +106,12 @@ int main(void)
         unsetenv("PAGEDATTN_CPU_ISA");
         step(ref, layer, &cache, table, q, want);
         int ran = 0;
-        for (int i = 0; i < TEST_CPU_NISA; i++) {
-            if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
-            char what[64];
-            snprintf(what, sizeof what, "phase %d, isa %s", phase, test_cpu_isas[i]);
+        for (int i = 0; i < TEST_CPU_NISA * TEST_CPU_NFP8; i++) {
+            setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[i % TEST_CPU_NFP8], 1);
+            if (!test_cpu_isa_set(cpu, test_cpu_isas[i / TEST_CPU_NFP8])) continue;
+            char what[96];
+            snprintf(what, sizeof what, "phase %d, isa %s, fp8 forms %s", phase, test_cpu_isas[i / TEST_CPU_NFP8],
+                     test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
             step(cpu, layer, &cache, table, q, got);
             int nans = compare(what, want, got);
             /* the expected NaN counts follow from the reference's own semantics */
@@ -120,6 +123,7 @@ int main(void)
         CHECK(ran >= 1);
     }
     unsetenv("PAGEDATTN_CPU_ISA");
+    unsetenv("PAGEDATTN_CPU_FP8");
     pa_cache_free(&cache);
     pa_layer_destroy(layer);
     return test_exit();

@@ -1,11 +1,14 @@
 /* test_cpu_grid.c: the shared case grid on the cpu backend, once per ISA path this machine can
  * execute (PAGEDATTN_CPU_ISA is read when a context is created), each against the reference.
- * A path the machine cannot run is reported and skipped; any failing case fails the test.
+ * A path the machine cannot run is reported and skipped; any failing case fails the test. The
+ * E4M3 cache rows run once more under each E4M3 decode conversion (PAGEDATTN_CPU_FP8).
  * Optional argv[1]: a case-name filter. */
 #define _POSIX_C_SOURCE 200809L
 #include "grid.h"
 #include "test.h"
+#include "test_cpu_isa.h"
 
+#include <string.h>
 #include <stdlib.h>
 
 int main(int argc, char **argv)
@@ -16,9 +19,9 @@ int main(int argc, char **argv)
         return 77;
     }
     const char *filter = argc > 1 ? argv[1] : NULL;
-    static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
+    const char *const *isas = test_cpu_isas;
     int ran = 0;
-    for (int i = 0; i < (int)(sizeof isas / sizeof *isas); i++) {
+    for (int i = 0; i < TEST_CPU_NISA; i++) {
         setenv("PAGEDATTN_CPU_ISA", isas[i], 1);
         pa_context *ctx = NULL;
         pa_status st = pa_context_create(cpu, NULL, &ctx);
@@ -33,6 +36,16 @@ int main(int argc, char **argv)
         int fails = grid_run_all(cpu, filter, i == 0 ? 3 : 0, stdout);
         printf("== isa %s: %d failures\n", isas[i], fails);
         CHECK_INT(fails, 0);
+        /* the E4M3 rows again under each forced conversion (one of them is this machine's
+         * default, run above) */
+        for (int f = 0; f < TEST_CPU_NFP8 && !strncmp(isas[i], "avx", 3); f++) {
+            setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[f], 1);
+            printf("== isa %s, PAGEDATTN_CPU_FP8=%s, %s cases\n", isas[i], test_cpu_fp8_forms[f], filter ? filter : "E4M3");
+            fails = grid_run_all(cpu, filter ? filter : "cfp8_e4m3", 0, stdout);
+            printf("== isa %s, PAGEDATTN_CPU_FP8=%s: %d failures\n", isas[i], test_cpu_fp8_forms[f], fails);
+            CHECK_INT(fails, 0);
+        }
+        unsetenv("PAGEDATTN_CPU_FP8");
         ran++;
     }
     unsetenv("PAGEDATTN_CPU_ISA");

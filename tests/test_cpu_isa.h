@@ -17,4 +17,10 @@ static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)
     return 1;
 }
 
+/* The E4M3 decode conversions (PAGEDATTN_CPU_FP8, read when a context is created): the backend
+ * picks one by CPU vendor; tests of fp8 run both on every ISA path (the paths without bf16-word
+ * kernels run f16 forms either way). */
+static const char *const test_cpu_fp8_forms[] = {"f16", "bf16"};
+#define TEST_CPU_NFP8 2
+
 #endif

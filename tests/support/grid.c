@@ -600,7 +600,7 @@ static void build_group_cases(void)
  * exponent range, subnormal codes only (queries large enough that the scores hang on them: a
  * flushed subnormal changes every output), the largest codes, a masked key holding a NaN V
  * beside rows that see it (block-sparse heads), and NaN codes in keys a window hides under
- * speculative steps. */
+ * speculative steps; queries too large to scale by 2^120. */
 static void build_fp8_decode_cases(void)
 {
     static const struct {
@@ -616,6 +616,9 @@ static void build_fp8_decode_cases(void)
         {128, PA_DTYPE_FP8_E5M2, PA_DTYPE_F16, 57000.0f, 1.52587890625e-5f, 6.103515625e-5f, 1.0f},
         {128, PA_DTYPE_FP8_E4M3, PA_DTYPE_F16, 0.0f, 0.5f, 2.0f, 1.0f},
         {64, PA_DTYPE_FP8_E5M2, PA_DTYPE_BF16, 0.0f, 0.7f, 1.3f, 1.0f},
+        /* queries of up to ~360 after the softmax scale (a kernel that scales them up to meet
+         * 16-bit forms of the codes must see that it cannot) */
+        {128, PA_DTYPE_FP8_E4M3, PA_DTYPE_F16, 0.25f, 1.0f, 1.0f, 4096.0f},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         gcase c = base_case();

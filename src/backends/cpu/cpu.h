@@ -144,12 +144,16 @@ typedef struct pa__cpu_kernels {
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
-    /* Optional (NULL: qk_src). qk_src for bf16 key rows with the query rows pair-split
+    /* Optional (NULL: qk_src). qk_src for bf16 or E4M3 key rows with the query rows pair-split
      * (pa__cpu_pair_split: each 16 dims stored as the 8 even ones, then the 8 odd ones), so that
-     * one 32-byte load of 16 bf16 values becomes fp32 by one shift (even dims) and one AND (odd
-     * dims) instead of two zero-extends and two shifts. */
-    void (*qk_src_pairs)(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
-                         const struct pa__cpu_pf *pf);
+     * 16 bf16 values (one 32-byte load) become fp32 by one shift (even dims) and one AND (odd
+     * dims) instead of two zero-extends and two shifts. E4M3 keys become such bf16 words first
+     * (pa__e4m3_to_bf16x16: 2^-120 times their value, exactly), so for dtype PA__CPU_E4M3B
+     * (tables with e4m3_bf16) the caller passes the pair-split query rows times 2^120 (PA__CPU_E4M3_UP; pa__cpu_e4m3_up_ok says
+     * when that is exact): every product, and so every score, is the one of the unscaled
+     * values. */
+    void (*qk_src_pairs)(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                         float *s, int lds, const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
      * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
      * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
@@ -157,6 +161,12 @@ typedef struct pa__cpu_kernels {
     void (*qk_t_bf16)(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
                       int lds, const struct pa__cpu_pf *pf);
     bool pf_spread;
+    /* qk_src_pairs (qk_src in a table without it) and pv_src take E4M3 key and value rows as
+     * bf16 or f32 words 2^-120 times their value (dtype PA__CPU_E4M3B; for QK the caller passes
+     * the query rows 2^120 times, see qk_src_pairs): exact, but E4M3 subnormals become f32
+     * subnormal FMA operands, so the backend keeps this only where those are cheap (AMD; the
+     * environment's PAGEDATTN_CPU_FP8 forces either way). */
+    bool e4m3_bf16;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
 } pa__cpu_kernels;
@@ -167,7 +177,26 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
  * found free of NaN bytes (S.1111.111), converted without the NaN fix-up. */
 #define PA__CPU_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
 
-/* E4M3, with or without the NaN fix-up. */
+/* Tags of the AVX2 decode kernels: E4M3 rows as bf16 words (pa__e4m3_to_bf16x16, 2^-120 times
+ * the value). PA__CPU_E4M3B is what the driver passes (e4m3_bf16 tables only); the kernels scan
+ * each call's rows for NaN bytes and take PA__CPU_E4M3BN (QK: the NaN fix-up) or the f16 forms'
+ * exact path (PV) when one is there. */
+#define PA__CPU_E4M3B ((pa_dtype)(PA_DTYPE_COUNT_ + 2))
+#define PA__CPU_E4M3BN ((pa_dtype)(PA_DTYPE_COUNT_ + 3))
+#define PA__CPU_E4M3_UP 0x1p120f
+
+/* Whether x[0..n) times 2^120 is exact (finite): every |x| below 2^7 (NaN and inf fail). */
+static inline bool pa__cpu_e4m3_up_ok(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        m = a > m || a != a ? a : m;
+    }
+    return m < 0x1p7f;
+}
+
+/* E4M3, with or without the NaN fix-up (f16 forms). */
 static inline bool pa__cpu_is_e4m3(pa_dtype dt)
 {
     return dt == PA_DTYPE_FP8_E4M3 || dt == PA__CPU_E4M3F;
@@ -214,6 +243,9 @@ typedef struct pa__cpu_features {
     bool avx2, fma, f16c, os_ymm;                       /* AVX2 path needs all four */
     bool avx512f, avx512bw, avx512vl, avx512bf16, os_zmm; /* AVX-512 path: f, bw, vl, os_zmm */
     bool neon;                                          /* NEON path (AArch64) */
+    /* x86 vendor AMD (or Hygon): its FP units take subnormal FMA operands at full speed (Zen 3
+     * measured, bench/NOTES.md twenty-first pass), where Intel's call microcode assists */
+    bool amd;
 } pa__cpu_features;
 void pa__cpu_detect(pa__cpu_features *f);
 
@@ -261,6 +293,7 @@ typedef struct pa__cpu_scratch {
 
 typedef struct pa__cpu_ctx {
     pa__cpu_isa isa;
+    bool fp8_bf16;               /* E4M3 decode through bf16 words (kern.e4m3_bf16 where the table has it) */
     pa__cpu_kernels kern;
     pa__cpu_pool *pool;
     int32_t nthreads;

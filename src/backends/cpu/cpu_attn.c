@@ -337,9 +337,16 @@ static void run_item(void *arg, int64_t index, int thread)
         const int dpf = CPU_DECODE_PF;
         if (direct) kt = CPU_DECODE_KT;
         /* bf16 keys: the query rows pair-split once per item, each 16-dim block of a key then
-         * converts by one shift and one AND (qk_src_pairs) */
-        const bool pairs = direct && !q16 && K->qk_src_pairs && ks[0].dtype == PA_DTYPE_BF16;
+         * converts by one shift and one AND (qk_src_pairs). E4M3 keys on e4m3_bf16 tables: as
+         * bf16 (or f32) words 2^-120 times their value (PA__CPU_E4M3B), with the query rows
+         * 2^120 times theirs where that is exact (else the f16 forms); pair-split too where the
+         * table has qk_src_pairs. Their V rows go as PA__CPU_E4M3B whatever the queries. */
+        const bool e4b = ks[0].dtype == PA_DTYPE_FP8_E4M3 && K->e4m3_bf16;
+        const bool e4p = direct && e4b && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
+        const bool pairs = direct && !q16 && K->qk_src_pairs && (ks[0].dtype == PA_DTYPE_BF16 || e4p);
         if (pairs) pa__cpu_pair_split(sc->q, nr, dp);
+        if (e4p)
+            for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0;
@@ -399,9 +406,9 @@ static void run_item(void *arg, int64_t index, int thread)
                     if (q16)
                         K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else if (pairs)
-                        K->qk_src_pairs(kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
+                        K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
                     else
-                        K->qk_src(ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
+                        K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
                 } else if (transposed) {
                     key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
                     pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes};
@@ -465,7 +472,7 @@ static void run_item(void *arg, int64_t index, int thread)
                         K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
                         pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok, NULL);
                     } else {
-                        K->pv_src(ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
+                        K->pv_src(e4b ? PA__CPU_E4M3B : ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
                     }
                 } else {
                     const void *const *vrows = vr[k];

@@ -62,7 +62,22 @@ static pa_status choose_isa(pa__cpu_isa *out)
                     "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512, avx512bf16, neon or auto", env);
 }
 
-static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
+/* E4M3 decode through bf16 words (pa__cpu_kernels.e4m3_bf16) or f16 forms: PAGEDATTN_CPU_FP8
+ * (bf16, f16; unset or auto: bf16 on AMD, f16 elsewhere). Both are exact; they differ in speed
+ * (and in the order of a sum, so in the last bits). */
+static pa_status choose_fp8(bool *bf16)
+{
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
+    const char *env = getenv("PAGEDATTN_CPU_FP8");
+    if (!env || !*env || !strcmp(env, "auto")) *bf16 = f.amd;
+    else if (!strcmp(env, "bf16")) *bf16 = true;
+    else if (!strcmp(env, "f16")) *bf16 = false;
+    else return pa__fail(PA_STATUS_INVALID_ARGUMENT, "PAGEDATTN_CPU_FP8=%s: expected bf16, f16 or auto", env);
+    return PA_STATUS_OK;
+}
+
+static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
 {
     pa__cpu_kernels_init_generic(k);
 #ifdef PA__CPU_X86
@@ -75,19 +90,31 @@ static void fill_kernels(pa__cpu_isa isa, pa__cpu_kernels *k)
 #ifdef PA__CPU_ARM64
     if (isa == PA__ISA_NEON) pa__cpu_kernels_init_neon(k);
 #endif
+    k->e4m3_bf16 = k->e4m3_bf16 && fp8_bf16;
 }
 
 /* (per thread: the text depends on PAGEDATTN_CPU_ISA at the time of the call, so it is rebuilt
  * on every call, and two threads asking at once must not write into each other's answer) */
 static const char *cpu_info(void)
 {
-    static _Thread_local char buf[512];
+    static _Thread_local char buf[1024];
     pa__cpu_features f;
     pa__cpu_detect(&f);
-    const char *env = getenv("PAGEDATTN_CPU_ISA");
+    const char *env = getenv("PAGEDATTN_CPU_ISA"), *env8 = getenv("PAGEDATTN_CPU_FP8");
     pa__cpu_isa best = best_isa(&f), chosen;
     pa_status st = choose_isa(&chosen);
+    bool fp8_bf16 = false;
+    pa_status st8 = choose_fp8(&fp8_bf16);
     pa__clear_error();
+    pa__cpu_kernels kt;
+    fill_kernels(st == PA_STATUS_OK ? chosen : best, fp8_bf16, &kt);
+    const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
+    const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16 or auto: contexts fail"
+                      : kt.e4m3_bf16     ? (forced8 ? "bf16 words (forced by PAGEDATTN_CPU_FP8)"
+                                                    : "bf16 words (AMD: subnormal FMA operands at full speed)")
+                      : fp8_bf16         ? "f16 forms (this ISA path has no bf16-word kernels)"
+                      : forced8          ? "f16 forms (forced by PAGEDATTN_CPU_FP8)"
+                                         : "f16 forms (not AMD: subnormal FMA operands may take microcode assists)";
     snprintf(buf, sizeof buf,
              "isa: %s (%s)\n"
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
@@ -95,6 +122,7 @@ static const char *cpu_info(void)
              "avx512 path: %s\n"
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
+             "fp8 E4M3 decode: %s\n"
              "threads: %d online cores\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? "best this machine runs"
@@ -118,6 +146,7 @@ static const char *cpu_info(void)
 #else
              "not built (not AArch64)",
 #endif
+             fp8,
              pa__cpu_online_cores());
     return buf;
 }
@@ -224,12 +253,15 @@ static void cpu_context_destroy(void *impl)
 static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
 {
     pa__cpu_isa isa = PA__ISA_GENERIC;
+    bool fp8_bf16 = false;
     pa_status st = choose_isa(&isa);
+    if (st == PA_STATUS_OK) st = choose_fp8(&fp8_bf16);
     if (st != PA_STATUS_OK) return st;
     pa__cpu_ctx *c = pa__calloc(1, sizeof *c);
     if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
     c->isa = isa;
-    fill_kernels(isa, &c->kern);
+    c->fp8_bf16 = fp8_bf16;
+    fill_kernels(isa, fp8_bf16, &c->kern);
     c->dp_cap = 128;
     st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
     if (st != PA_STATUS_OK) {

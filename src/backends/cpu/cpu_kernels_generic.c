@@ -102,4 +102,5 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->qk_t_bf16 = NULL;
     k->qk_src_pairs = NULL;
     k->pf_spread = false;
+    k->e4m3_bf16 = false;
 }

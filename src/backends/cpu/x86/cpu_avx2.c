@@ -561,9 +561,15 @@ static inline __attribute__((always_inline)) void store4x2(float *s, int lds, in
     _mm_storeh_pi((__m64 *)(s + 3 * lds + c), hi);
 }
 
-/* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value. */
+/* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value, as bf16 words (PA__CPU_E4M3B,
+ * rows without NaN bytes) 2^-120 times. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
+    if (dt == PA__CPU_E4M3B) {
+        __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
+        __m128i h = _mm_and_si128(_mm_slli_epi16(x, 4), _mm_set1_epi16((short)0x87f0));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
     if (pa__cpu_is_e4m3(dt))
         return _mm256_cvtph_ps(
             pa__e4m3_to_f16x8(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p)), dt == PA_DTYPE_FP8_E4M3));
@@ -743,14 +749,22 @@ static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dty
  * than a Zen 1-class core's one 256-bit load per cycle keeps up with). */
 #define PIN(x) __asm__("" : "+x"(x))
 
-/* QK of R (1-3) pair-split query rows over KN bf16 keys (krows[0 .. KN)), 16-dim steps: the
+/* 16 values of a bf16 row (as loaded) or an E4M3 row (PA__CPU_E4M3B / BN: as bf16 words) at
+ * element j, for the pair-split kernels: lane i holds values 2i (low half) and 2i + 1. */
+static inline __attribute__((always_inline)) __m256i pair_words(pa_dtype dt, const void *row, int j)
+{
+    if (dt == PA_DTYPE_BF16) return _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j));
+    return pa__e4m3_to_bf16x16((const uint8_t *)row + j, dt == PA__CPU_E4M3BN);
+}
+
+/* QK of R (1-3) pair-split query rows over KN bf16 or E4M3 (bf16 words) keys, 16-dim steps: the
  * lanes of every accumulator take the even dims, then the odd ones, of each step, as in
  * qk4_pairs, and the sums go through hsum8, so a score is the same whatever R, KN or its key's
  * place. 1-2 rows: the query vectors of a step stay in registers (2R) and each key is converted
  * where it is used (KN x R accumulators + 2R + 3 registers); 3 rows: qk4_pairs' order (the key
  * words and their conversions held, one query vector at a time). */
-static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const void *const *krows, const float *q,
-                                                           int dp, float *s, int lds)
+static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, pa_dtype dt, const void *const *krows,
+                                                           const float *q, int dp, float *s, int lds)
 {
     const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
     const int n = R * KN;
@@ -766,7 +780,7 @@ static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const 
                 PIN(qo[h]);
             }
             for (int u = 0; u < KN; u++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+                __m256i w = pair_words(dt, krows[u], j);
                 __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
                 __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(w, odd));
                 for (int h = 0; h < R; h++) a[h * KN + u] = _mm256_fmadd_ps(qe[h], xe, a[h * KN + u]);
@@ -776,7 +790,7 @@ static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, const 
         }
         __m256i w[2];
         for (int u = 0; u < KN; u++) {
-            w[u] = _mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[u] + j));
+            w[u] = pair_words(dt, krows[u], j);
             PIN(w[u]);
         }
         for (int e = 0; e < 2; e++) {
@@ -806,7 +820,7 @@ static inline __attribute__((always_inline)) void qkr_body(bool pairs, int R, pa
     const int KN = R == 1 ? 4 : R == 2 ? (pairs ? 3 : 4) : (pairs ? 2 : 3);
 #define QKR_KEYS(n)                                                                                  \
     do {                                                                                             \
-        if (pairs) qkp_keys(R, n, krows + c, q, dp, s + c, lds);                                     \
+        if (pairs) qkp_keys(R, n, dt, krows + c, q, dp, s + c, lds);                                 \
         else qkr_keys(R, n, dt, krows + c, q, dp, s + c, lds);                                       \
     } while (0)
     int c = 0, pi = 0;
@@ -844,7 +858,8 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
      * and pair, once per call) and adds them to alpha * O. bf16 decode 1-3% faster on a Zen
      * 1-class core, where every 256-bit operation takes two issue slots (bench/NOTES.md, tenth
      * pass). */
-    const int NS = dt == PA_DTYPE_BF16 ? NV / 2 * 2 : 0; /* vectors that come pair-split */
+    const bool split = dt == PA_DTYPE_BF16 || dt == PA__CPU_E4M3B || dt == PA__CPU_E4M3BN;
+    const int NS = split ? NV / 2 * 2 : 0; /* vectors that come pair-split */
     __m256 acc[4][8];
     for (int h = 0; h < R; h++) {
         __m256 al = _mm256_set1_ps(alpha[h] * in);
@@ -855,7 +870,7 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
 #define PVR_CVT2(u, x0, x1)                                                                          \
     do {                                                                                             \
         if ((u) < NS) {                                                                              \
-            __m256i wd = _mm256_loadu_si256((const __m256i *)(vp + (u) * 8 * es));                  \
+            __m256i wd = pair_words(dt, vp, (u) * 8);                                                \
             x0 = _mm256_castsi256_ps(_mm256_slli_epi32(wd, 16));                                     \
             x1 = _mm256_castsi256_ps(_mm256_and_si256(wd, _mm256_set1_epi32((int)0xffff0000u)));    \
         } else                                                                                       \
@@ -1025,19 +1040,20 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
  * 8 accumulators (12 with three keys would need 17 registers with the converted keys, the mask
  * and a query vector). Every key's lanes sum the same dims in the same order, the lone last key
  * included, so a score does not depend on the key's place in the tile. */
-static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, float *s, int lds,
-                      const pa__cpu_pf *pf)
+static inline __attribute__((always_inline)) void qk4_pairs(pa_dtype dt, const void *const *krows, int nc,
+                                                            const float *q, int dp, float *s, int lds,
+                                                            const pa__cpu_pf *pf)
 {
     int pi = 0;
     const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
     int c = 0;
     for (; c + 2 <= nc; c += 2) {
-        const uint16_t *k0 = krows[c], *k1 = krows[c + 1];
+        const void *k0 = krows[c], *k1 = krows[c + 1];
         __m256 a[4][2];
         for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
         for (int j = 0; j < dp; j += 16) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
-            __m256i w1 = _mm256_loadu_si256((const __m256i *)(k1 + j));
+            __m256i w0 = pair_words(dt, k0, j);
+            __m256i w1 = pair_words(dt, k1, j);
             PIN(w0);
             PIN(w1);
             for (int e = 0; e < 2; e++) { /* the even dims, then the odd ones */
@@ -1060,11 +1076,11 @@ static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, 
         store4x2(s, lds, c, t);
     }
     if (c < nc) {
-        const uint16_t *k0 = krows[c];
+        const void *k0 = krows[c];
         __m256 a[4], z = _mm256_setzero_ps();
         for (int h = 0; h < 4; h++) a[h] = z;
         for (int j = 0; j < dp; j += 16) {
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(k0 + j));
+            const __m256i w0 = pair_words(dt, k0, j);
             for (int e = 0; e < 2; e++) {
                 __m256 x = _mm256_castsi256_ps(e ? _mm256_and_si256(w0, odd) : _mm256_slli_epi32(w0, 16));
                 for (int h = 0; h < 4; h++)
@@ -1078,25 +1094,53 @@ static void qk4_pairs(const void *const *krows, int nc, const float *q, int dp, 
     if (pf) pf_rows(pf, pi, pf->n);
 }
 
-static void a2_qk_src_pairs(const void *const *krows, int nc, const float *q, int nr, int dp, float *s, int lds,
-                            const pa__cpu_pf *pf)
+/* (separate functions: inlined into one caller, the bf16 kernel ran ~7% slower, L1-resident) */
+static __attribute__((noinline)) void qk4_pairs_bf16(const void *const *krows, int nc, const float *q, int dp,
+                                                     float *s, int lds, const pa__cpu_pf *pf)
+{
+    qk4_pairs(PA_DTYPE_BF16, krows, nc, q, dp, s, lds, pf);
+}
+
+static __attribute__((noinline)) void qk4_pairs_e4m3(const void *const *krows, int nc, const float *q, int dp,
+                                                     float *s, int lds, const pa__cpu_pf *pf)
+{
+    qk4_pairs(PA__CPU_E4M3B, krows, nc, q, dp, s, lds, pf);
+}
+
+static inline __attribute__((always_inline)) void qk_pairs_rows(pa_dtype dt, const void *const *krows, int nc,
+                                                                const float *q, int nr, int dp, float *s,
+                                                                int lds, const pa__cpu_pf *pf)
 {
     const int ng = (nr + 3) / 4;
     int g = 0;
     for (; 4 * g + 4 <= nr; g++) {
         pa__cpu_pf part = pf_part(pf, g, ng);
-        qk4_pairs(krows, nc, q + (size_t)4 * g * dp, dp, s + (size_t)4 * g * lds, lds, pf ? &part : NULL);
+        const float *qg = q + (size_t)4 * g * dp;
+        float *sg = s + (size_t)4 * g * lds;
+        if (dt == PA_DTYPE_BF16) qk4_pairs_bf16(krows, nc, qg, dp, sg, lds, pf ? &part : NULL);
+        else if (dt == PA__CPU_E4M3B) qk4_pairs_e4m3(krows, nc, qg, dp, sg, lds, pf ? &part : NULL);
+        else qk4_pairs(PA__CPU_E4M3BN, krows, nc, qg, dp, sg, lds, pf ? &part : NULL);
     }
     if (4 * g < nr) {
         pa__cpu_pf part = pf_part(pf, g, ng);
         const float *qr = q + (size_t)4 * g * dp;
         float *sr = s + (size_t)4 * g * lds;
         switch (nr - 4 * g) {
-        case 1: qkr_body(true, 1, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        case 2: qkr_body(true, 2, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        default: qkr_body(true, 3, PA_DTYPE_BF16, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 1: qkr_body(true, 1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(true, 2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(true, 3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
         }
     }
+}
+
+/* bf16 keys, or E4M3 keys as bf16 words (PA__CPU_E4M3B; the rows scanned for NaN bytes first,
+ * as in a2_qk_src) */
+static void a2_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                            float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_BF16) qk_pairs_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
+    else if (pa__e4m3_rows_nan(krows, nc, dp)) qk_pairs_rows(PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
+    else qk_pairs_rows(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
 }
 
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
@@ -1119,13 +1163,27 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
                       int dp, const float *alpha, const unsigned char *colmask, float *o,
                       const pa__cpu_pf *pf)
 {
-    switch (dtype) {
+    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
     case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E4M3:
         if (pa__e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
         else pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        break;
+    case PA__CPU_E4M3B:
+        if (pa__e4m3_rows_nan(vrows, nc, dp)) {
+            pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        } else if (nr <= 16 && nc <= CPU_KT) {
+            /* V as bf16 words (2^-120 times), so the probabilities 2^120 times (they are at most
+             * 1): every product is the unscaled one. A pair split costs 5 integer operations per
+             * 16 values against ~8 through f16. */
+            float ps[16 * CPU_KT] __attribute__((aligned(32)));
+            pa__cpu_probs_up(p, ldp, nr, nc, ps);
+            pv_src_rows(PA__CPU_E4M3B, vrows, nc, ps, CPU_KT, nr, dp, alpha, colmask, o, pf);
+        } else {
+            pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        }
         break;
     case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     default: break;
@@ -1184,4 +1242,5 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;
     k->pf_spread = true;
+    k->e4m3_bf16 = true;
 }

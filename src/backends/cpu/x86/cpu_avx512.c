@@ -13,6 +13,9 @@
  *  - prefill QK: 6 rows x 32 keys (two vectors of the transposed tile), q broadcast;
  *  - prefill PV: 6 rows x 32 dims, probabilities broadcast.
  * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
+ * E4M3 decode rows: f32 words 2^-120 times the value (PA__CPU_E4M3B, cvt16r) on AMD, whose FP
+ * units take the subnormal ones at full speed, with the query rows and probabilities 2^120 times
+ * theirs; f16 forms elsewhere (cpu.h, e4m3_bf16).
  * NOTE: written on an AVX2-only machine: checked on the whole case grid with the intrinsics
  * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on AVX-512 hardware. */
 #include "../cpu.h"
@@ -42,7 +45,8 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
     case PA_DTYPE_FP8_E4M3: {
         /* through f16 (cpu_x86_fp8.h; an earlier version made f32 bits 2^-120 times the value
          * and multiplied by 2^120: exact, but every E4M3 subnormal was an f32 subnormal operand,
-         * which Intel cores serve by microcode assists) */
+         * which Intel cores serve by microcode assists; the decode kernels do that now on AMD
+         * only, with the 2^120 folded into the other operand: cvt16r) */
         __m256i h = pa__e4m3_to_f16x16(p, true);
         return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
     }
@@ -59,6 +63,21 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
  * the multiplication by 2^8). */
 AI __m512 cvt16r(pa_dtype dt, const char *p)
 {
+    if (dt == PA__CPU_E4M3B || dt == PA__CPU_E4M3BN) {
+        /* E4M3 as f32 words 2^-120 times the value (as the AVX2 path's bf16 words, 32 bits
+         * wide): sign-extended and shifted left by 20, the sign lands in bit 31 (copies in bits
+         * 30-27, cleared) and eeee.mmm in the exponent's low bits and the mantissa's top;
+         * subnormal codes on f32 subnormals, exactly. 3 operations per 16 values, against 4 and
+         * a two-uop vcvtph2ps through f16. NaN (S.1111.111) lands on (+-)0x07f00000. */
+        __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+        __m512i h = _mm512_and_si512(_mm512_slli_epi32(x, 20), _mm512_set1_epi32((int)0x87f00000u));
+        if (dt == PA__CPU_E4M3BN) {
+            __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h, _mm512_set1_epi32(0x7ff00000)),
+                                                    _mm512_set1_epi32(0x07f00000));
+            h = _mm512_mask_or_epi32(h, nan, h, _mm512_set1_epi32(0x7fc00000));
+        }
+        return _mm512_castsi512_ps(h);
+    }
     if (pa__cpu_is_e4m3(dt)) return _mm512_cvtph_ps(pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3));
     return cvt16(dt, p);
 }
@@ -141,7 +160,11 @@ AI void qkz_src(pa_dtype dt, const void *const *krows, int nc, const float *q, i
 static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                       float *s, int lds, const pa__cpu_pf *pf)
 {
-    switch (dtype) {
+    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
+    case PA__CPU_E4M3B: /* (q 2^120 times, cpu.h) */
+        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
+        else qkz_src(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+        break;
     case PA_DTYPE_F32: qkz_src(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_F16: qkz_src(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_BF16: qkz_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
@@ -300,7 +323,18 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
                       int dp, const float *alpha, const unsigned char *colmask, float *o,
                       const pa__cpu_pf *pf)
 {
-    switch (dtype) {
+    switch ((int)dtype) {
+    case PA__CPU_E4M3B:
+        if (pa__e4m3_rows_nan(vrows, nc, dp)) {
+            pvz_all(4, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        } else if (nr <= 16 && nc <= CPU_KT) {
+            float ps[16 * CPU_KT] __attribute__((aligned(64)));
+            pa__cpu_probs_up(p, ldp, nr, nc, ps);
+            pvz_all(4, PA__CPU_E4M3B, vrows, NULL, nc, ps, CPU_KT, nr, dp, alpha, colmask, o, pf);
+        } else {
+            pvz_all(4, PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        }
+        break;
     case PA_DTYPE_F32: pvz_all(4, PA_DTYPE_F32, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_F16: pvz_all(4, PA_DTYPE_F16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_BF16: pvz_all(4, PA_DTYPE_BF16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
@@ -402,6 +436,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
     k->pv_src = a5_pv_src;
     k->qk_t = a5_qk_t;
     k->pf_spread = true;
+    k->e4m3_bf16 = true; /* (through qk_src: no qk_src_pairs here) */
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, exp_row, store_row */
 }

@@ -17,6 +17,10 @@ void pa__cpu_detect(pa__cpu_features *f)
 {
     memset(f, 0, sizeof *f);
     unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    /* vendor string: EBX, EDX, ECX */
+    f->amd = (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u)     /* AuthenticAMD */
+             || (b == 0x6f677948u && d == 0x6e65476eu && c == 0x656e6975u); /* HygonGenuine */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
     f->fma = (c >> 12) & 1;

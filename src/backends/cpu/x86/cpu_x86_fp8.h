@@ -32,6 +32,36 @@ static inline __attribute__((always_inline)) __m256i pa__e4m3_to_f16x16(const vo
     return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
 }
 
+/* 16 E4M3 values at p as bf16 words in memory order (so each 32-bit lane holds a pair, as 16
+ * bf16 values loaded from memory would): the byte sign-extended and shifted left by 4 puts the
+ * sign in bit 15 (copies in bits 14-11, cleared) and eeee.mmm in the low exponent bits and the
+ * top of the mantissa, a bf16 2^-120 times the E4M3 value; E4M3 subnormals land on bf16
+ * subnormals, exactly (as f32 they are subnormal: FMA inputs, at full speed on the x86 cores
+ * measured, bench/NOTES.md twenty-first pass). NaN (S.1111.111) lands on (+-)0x07f0 and is
+ * forced to a bf16 NaN when fix_nan is set. */
+static inline __attribute__((always_inline)) __m256i pa__e4m3_to_bf16x16(const void *p, bool fix_nan)
+{
+    __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 4), _mm256_set1_epi16((short)0x87f0));
+    if (!fix_nan) return h;
+    __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7ff0)), _mm256_set1_epi16(0x07f0));
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7fc0)));
+}
+
+/* ps[r * CPU_KT + c] = p[r * ldp + c] * 2^120 for r < nr, c < nc (ps 32-byte aligned): the
+ * probabilities of a PV over E4M3 rows as bf16 or f32 words (2^-120 times the value), so that
+ * every product is the unscaled one. Exact: probabilities are at most 1, the masked ones -0. */
+static inline void pa__cpu_probs_up(const float *p, int ldp, int nr, int nc, float *ps)
+{
+    const __m256 up = _mm256_set1_ps(PA__CPU_E4M3_UP);
+    for (int r = 0; r < nr; r++) {
+        int c = 0;
+        for (; c + 8 <= nc; c += 8)
+            _mm256_store_ps(ps + r * CPU_KT + c, _mm256_mul_ps(_mm256_loadu_ps(p + (size_t)r * ldp + c), up));
+        for (; c < nc; c++) ps[r * CPU_KT + c] = p[(size_t)r * ldp + c] * PA__CPU_E4M3_UP;
+    }
+}
+
 /* Whether some E4M3 value among the first d bytes of the n rows is a NaN (S.1111.111). */
 static inline bool pa__e4m3_rows_nan(const void *const *rows, int n, int d)
 {
