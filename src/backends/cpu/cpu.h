@@ -293,7 +293,6 @@ typedef struct pa__cpu_scratch {
 
 typedef struct pa__cpu_ctx {
     pa__cpu_isa isa;
-    bool fp8_bf16;               /* E4M3 decode through bf16 words (kern.e4m3_bf16 where the table has it) */
     pa__cpu_kernels kern;
     pa__cpu_pool *pool;
     int32_t nthreads;

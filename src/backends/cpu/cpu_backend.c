@@ -110,8 +110,10 @@ static const char *cpu_info(void)
     fill_kernels(st == PA_STATUS_OK ? chosen : best, fp8_bf16, &kt);
     const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
     const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16 or auto: contexts fail"
-                      : kt.e4m3_bf16     ? (forced8 ? "bf16 words (forced by PAGEDATTN_CPU_FP8)"
-                                                    : "bf16 words (AMD: subnormal FMA operands at full speed)")
+                      : kt.e4m3_bf16     ? (forced8 ? "words 2^-120 times the value, bf16 (AVX2) or f32 (AVX-512) "
+                                                      "(forced by PAGEDATTN_CPU_FP8)"
+                                                    : "words 2^-120 times the value, bf16 (AVX2) or f32 (AVX-512) "
+                                                      "(AMD: subnormal FMA operands at full speed)")
                       : fp8_bf16         ? "f16 forms (this ISA path has no bf16-word kernels)"
                       : forced8          ? "f16 forms (forced by PAGEDATTN_CPU_FP8)"
                                          : "f16 forms (not AMD: subnormal FMA operands may take microcode assists)";
@@ -260,7 +262,6 @@ static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
     pa__cpu_ctx *c = pa__calloc(1, sizeof *c);
     if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
     c->isa = isa;
-    c->fp8_bf16 = fp8_bf16;
     fill_kernels(isa, fp8_bf16, &c->kern);
     c->dp_cap = 128;
     st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
