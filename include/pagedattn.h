@@ -30,6 +30,11 @@
  * of the row's out and its lse NaN; a NaN or infinite v value reaches the out elements it
  * contributes to.
  * Query head h reads KV head h / (num_heads / num_kv_heads).
+ * The caller's floating-point mode does not reach the results: every call that computes runs
+ * (on all its threads) in the C default environment, round to nearest even with subnormals
+ * kept, even where the caller flushes subnormals to zero (-ffast-math start-up code,
+ * torch.set_flush_denormal) or rounds otherwise, and gives the caller's environment back,
+ * exception flags included, before it returns.
  *
  * Errors: every function that can fail returns a pa_status. A failing call changes nothing (no
  * cache slot, no output element is written) and leaves a reason text, readable with

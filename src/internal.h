@@ -10,6 +10,7 @@
 
 #include "pagedattn.h"
 
+#include <fenv.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -239,12 +240,53 @@ struct pa_backend {
     pa_status (*merge_states)(void *impl, const pa_merge_args *a);
 };
 
+/* a caller's floating-point environment, saved by pa__fpenv_enter */
+typedef struct pa__fpenv {
+#if defined(__x86_64__)
+    unsigned int mxcsr;
+#else
+    fenv_t env;
+#endif
+} pa__fpenv;
+
 struct pa_context {
     const struct pa_backend *backend;
     void *impl;
     int busy; /* a call is running on it (the one-thread-at-a-time rule, checked; __atomic builtins:
                * this header is also read by the cuda backend's C++) */
+    pa__fpenv caller_fenv; /* the caller's floating-point environment while a call runs */
 };
+
+/* The floating-point environment the library computes in: the C default (IEEE round to nearest
+ * even, exceptions masked, subnormals kept: no flush-to-zero, no denormals-are-zero). A caller's
+ * own mode would otherwise reach the kernels: a program built with -ffast-math sets FTZ and DAZ
+ * at start-up, torch.set_flush_denormal(True) sets them too, and under DAZ an fp8 kernel that
+ * carries E4M3 codes as scaled f32 subnormals would read them as zeros. Every entry point that
+ * computes saves the caller's environment, sets the default and restores the caller's (its
+ * exception flags included, so the library raises none) before it returns; the cpu pool's
+ * workers set the default when they start.
+ * On x86-64 all of the library's floating-point arithmetic is SSE/AVX (no long double, no x87),
+ * so the MXCSR is the whole environment: saving and loading it costs a few ns, where
+ * fegetenv/fesetenv (which also store and reload the x87 state) took ~250 ns a call. */
+static inline void pa__fpenv_enter(pa__fpenv *saved)
+{
+#if defined(__x86_64__)
+    unsigned int dfl = 0x1f80u; /* every exception masked, round to nearest, FTZ and DAZ off */
+    __asm__ __volatile__("stmxcsr %0" : "=m"(saved->mxcsr));
+    __asm__ __volatile__("ldmxcsr %0" : : "m"(dfl));
+#else
+    fegetenv(&saved->env);
+    fesetenv(FE_DFL_ENV);
+#endif
+}
+static inline void pa__fpenv_leave(const pa__fpenv *saved)
+{
+#if defined(__x86_64__)
+    __asm__ __volatile__("ldmxcsr %0" : : "m"(saved->mxcsr));
+#else
+    fesetenv(&saved->env);
+#endif
+}
 
 struct pa_plan {
     const struct pa_backend *backend;

@@ -13,10 +13,15 @@ static pa_status ctx_enter(pa_context *ctx, const char *what)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                         "%s: the context is in use by another call right now (a context is used by one "
                         "thread at a time; give each thread its own)", what);
+    pa__fpenv_enter(&ctx->caller_fenv);
     return PA_STATUS_OK;
 }
 
-static void ctx_leave(pa_context *ctx) { __atomic_store_n(&ctx->busy, 0, __ATOMIC_RELEASE); }
+static void ctx_leave(pa_context *ctx)
+{
+    pa__fpenv_leave(&ctx->caller_fenv);
+    __atomic_store_n(&ctx->busy, 0, __ATOMIC_RELEASE);
+}
 
 /* r = the backend call, made inside ctx_enter / ctx_leave */
 #define PA__WITH_CTX(ctx, what, r, call)                                                     \
@@ -334,7 +339,10 @@ pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype,
                                                slots, n, k_scale, v_scale));
         return s;
     }
+    pa__fpenv fe;
+    pa__fpenv_enter(&fe);
     pa__cache_write_host(c, src_dtype, key, k_row_stride, value, v_row_stride, slots, n, k_scale, v_scale);
+    pa__fpenv_leave(&fe);
     return PA_STATUS_OK;
 }
 
@@ -448,6 +456,9 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
     }
     if (ctx && ctx->backend->memory != PA_MEMORY_HOST)
         return pa__fail(PA_STATUS_UNSUPPORTED, "pa_merge_states: backend %s has no merge", ctx->backend->name);
+    pa__fpenv fe;
+    pa__fpenv_enter(&fe);
     pa__merge_states_host(&r);
+    pa__fpenv_leave(&fe);
     return PA_STATUS_OK;
 }

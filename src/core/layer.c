@@ -17,7 +17,10 @@ void pa_layer_config_init(pa_layer_config *cfg, int32_t num_heads, int32_t num_k
     cfg->num_heads = num_heads;
     cfg->num_kv_heads = num_kv_heads;
     cfg->head_size = head_size;
+    pa__fpenv fe; /* the default scale is the same bits whatever the caller's rounding mode */
+    pa__fpenv_enter(&fe);
     cfg->scale = head_size > 0 ? (float)(1.0 / sqrt((double)head_size)) : 1.0f;
+    pa__fpenv_leave(&fe);
     cfg->attn_type = PA_ATTN_DECODER;
     cfg->window_left = cfg->window_right = -1;
     cfg->q_dtype = cfg->kv_dtype = cfg->out_dtype = cfg->cache_dtype = PA_DTYPE_F32;

@@ -9,6 +9,7 @@
  * after forward must equal the reference's byte for byte. */
 #include "grid.h"
 
+#include <fenv.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -740,6 +741,16 @@ const char *grid_case_name(int i)
     return i >= 0 && i < ncases ? cases[i].name : NULL;
 }
 
+int grid_case_dtypes(int i, pa_dtype *q, pa_dtype *kv, pa_dtype *cache)
+{
+    build_cases();
+    if (i < 0 || i >= ncases) return -1;
+    *q = cases[i].qd;
+    *kv = cases[i].kvd;
+    *cache = cases[i].cache;
+    return 0;
+}
+
 /* ---- inputs ------------------------------------------------------------------------------ */
 
 static uint64_t rng_next(uint64_t *s)
@@ -1346,13 +1357,16 @@ int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_re
 /* The case once more on a fresh context of `threads` threads, into o (all sequences in one
  * batch, or each alone); *same: whether out, lse and cache equal want's bit for bit. */
 static pa_status rerun(const pa_backend *backend, const ginputs *in, goutputs *o, bool device, int threads, int alone,
-                       const goutputs *want, int *same)
+                       const goutputs *want, int *same, const fenv_t *caller)
 {
     pa_context *ctx = NULL;
     pa_context_options opt = {threads, 0, NULL};
-    pa_status s = make_outputs(in, o) ? PA_STATUS_OUT_OF_MEMORY : pa_context_create(backend, &opt, &ctx);
+    pa_status s = make_outputs(in, o) ? PA_STATUS_OUT_OF_MEMORY : PA_STATUS_OK;
+    fesetenv(caller);
+    if (!s) s = pa_context_create(backend, &opt, &ctx);
     if (!s) s = alone ? run_alone(ctx, in, o, device) : run_forward(ctx, in, o, device);
     pa_context_destroy(ctx);
+    fesetenv(FE_DFL_ENV);
     *same = !s && !memcmp(o->out.p, want->out.p, want->out.bytes) && !memcmp(o->lse.p, want->lse.p, want->lse.bytes) &&
             !memcmp(o->pool.p, want->pool.p, want->pool.bytes);
     return s;
@@ -1368,7 +1382,10 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 
 /* det_threads > 0: the backend runs the case a second time with that many threads, and the two
  * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism); then, for a case
- * of several sequences, once more with each sequence in a batch of its own: the same bits again. */
+ * of several sequences, once more with each sequence in a batch of its own: the same bits again.
+ * The backend under test runs in the caller's floating-point environment (a rounding mode or
+ * flush-to-zero mode set by the caller reaches it as it would reach any library call); the
+ * harness's own arithmetic (inputs, reference, comparison) runs in the default one. */
 static int run_case(const pa_backend *backend, const gcase *c, int num_threads, int det_threads, grid_result *res)
 {
     bool device = pa_backend_memory(backend) != PA_MEMORY_HOST;
@@ -1377,6 +1394,9 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
         res->skipped = 1;
         return 0;
     }
+    fenv_t caller;
+    fegetenv(&caller);
+    fesetenv(FE_DFL_ENV);
     ginputs in;
     goutputs got, ref;
     cmp_ctx k = {res, 0};
@@ -1394,9 +1414,11 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
     }
     pa_context_options opt = {num_threads, 0, NULL};
     pa_context *ctx = NULL;
+    fesetenv(&caller);
     pa_status s = pa_context_create(backend, &opt, &ctx);
     if (!s) s = run_forward(ctx, &in, &got, device);
     pa_context_destroy(ctx);
+    fesetenv(FE_DFL_ENV);
     pa_status rs = s ? PA_STATUS_OK : run_reference(&in, &ref);
     if (s || rs) {
         fail(&k, "forward failed: %s: %s", pa_status_name(s ? s : rs), pa_last_error());
@@ -1413,7 +1435,7 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
         for (int alone = 0; alone < 2 && !k.fail && det_threads > 0 && (!alone || c->nseq > 1); alone++) {
             goutputs again;
             int same = 0;
-            pa_status s2 = rerun(backend, &in, &again, device, det_threads, alone, &got, &same);
+            pa_status s2 = rerun(backend, &in, &again, device, det_threads, alone, &got, &same, &caller);
             if (s2)
                 fail(&k, "forward %s failed: %s: %s", alone ? "of each sequence alone" : "with other threads",
                      pa_status_name(s2), pa_last_error());
@@ -1431,6 +1453,7 @@ done:
     free_outputs(&got);
     free_outputs(&ref);
     free_inputs(&in);
+    fesetenv(&caller);
     return res->failed;
 }
 

@@ -25,6 +25,9 @@ typedef struct grid_result {
 /* Number of cases and the name of case i ("decoder/gqa4/d128/bs16/bf16 ..."). */
 int grid_count(void);
 const char *grid_case_name(int index);
+/* The dtypes of case i: its queries, its new keys and values, its cache. Returns 0, or -1 (and
+ * sets nothing) for an index outside the grid. */
+int grid_case_dtypes(int index, pa_dtype *q, pa_dtype *kv, pa_dtype *cache);
 
 /* Runs case `index` on `backend` (a context is created with `num_threads`, 0 = default) and
  * compares with the reference. Returns 0 if passed or skipped, 1 if failed. */

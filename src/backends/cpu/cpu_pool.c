@@ -49,6 +49,10 @@ static void *worker_main(void *varg)
     worker_arg wa = *(worker_arg *)varg;
     pa__cpu_pool *p = wa.pool;
     pa__free(varg);
+    /* a new thread starts in its creator's floating-point environment, which may be a caller's
+     * flush-to-zero mode; the workers run only library code, so the default is set once */
+    pa__fpenv creator;
+    pa__fpenv_enter(&creator);
     uint64_t seen = 0;
     for (;;) {
         uint64_t g;

@@ -1,0 +1,186 @@
+/* test_fpenv.c: the library computes in the default floating-point environment, whatever the
+ * caller's. The caller here turns on flush-to-zero and denormals-are-zero (x86 MXCSR FTZ|DAZ,
+ * Arm FPCR.FZ: what -ffast-math start-up code and torch.set_flush_denormal(True) do) and rounds
+ * upward, then:
+ *  - a set of grid cases (every E4M3-cache row, under both conversions on the AVX paths, and
+ *    every thirteenth other row) on every cpu ISA path this machine runs, on 2
+ *    threads, must give the bits they give in the default environment on 1 thread, and pass
+ *    against the reference (the contexts are made in the caller's mode, so the pool's workers
+ *    start in it too; the harness computes its inputs and the reference in the default
+ *    environment, grid.c);
+ *  - pa_merge_states, on the host and on a cpu context, must give the bits of the default
+ *    environment;
+ *  - after those calls the caller's rounding mode, flush bits and exception flags are as they
+ *    were (the library raises no flag of its own in the caller's environment). */
+#define _POSIX_C_SOURCE 200809L
+#include "grid.h"
+#include "test.h"
+#include "test_cpu_isa.h"
+
+#include <fenv.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+/* the caller's flush bits (0 where this test does not know the machine's) */
+static unsigned long flush_bits(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return _mm_getcsr() & 0x8040u; /* FTZ (bit 15), DAZ (bit 6) */
+#elif defined(__aarch64__)
+    uint64_t r;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(r));
+    return (unsigned long)(r & (1u << 24)); /* FZ */
+#else
+    return 0;
+#endif
+}
+
+static void set_flush(int on)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(on ? _mm_getcsr() | 0x8040u : _mm_getcsr() & ~0x8040u);
+#elif defined(__aarch64__)
+    uint64_t r;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(r));
+    r = on ? r | (1u << 24) : r & ~(uint64_t)(1u << 24);
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(r));
+#else
+    (void)on;
+#endif
+}
+
+static unsigned long hostile_flush; /* flush_bits() in the hostile environment */
+
+static void hostile(void)
+{
+#ifdef FE_UPWARD
+    CHECK_INT(fesetround(FE_UPWARD), 0);
+#endif
+    set_flush(1);
+    hostile_flush = flush_bits();
+}
+
+static void friendly(void)
+{
+    set_flush(0);
+    CHECK_INT(fesetround(FE_TONEAREST), 0);
+}
+
+/* the caller's environment is the hostile one still */
+static void check_still_hostile(const char *after)
+{
+#ifdef FE_UPWARD
+    if (fegetround() != FE_UPWARD) TEST_FAIL("after %s: rounding mode %d, want FE_UPWARD", after, fegetround());
+#endif
+    if (flush_bits() != hostile_flush)
+        TEST_FAIL("after %s: flush bits %#lx, want %#lx", after, flush_bits(), hostile_flush);
+    test__checks++;
+}
+
+static int selected(int i)
+{
+    pa_dtype q, kv, cache;
+    if (grid_case_dtypes(i, &q, &kv, &cache) != 0) return 0;
+    return cache == PA_DTYPE_FP8_E4M3 || i % 13 == 0;
+}
+
+static void run_cases(const pa_backend *cpu, const char *isa, const char *form, int fp8_only)
+{
+    const int two_forms = !strncmp(isa, "avx", 3);
+    int n = 0, before = test__failures;
+    for (int i = 0; i < grid_count(); i++) {
+        if (!selected(i)) continue;
+        pa_dtype q, kv, cache;
+        grid_case_dtypes(i, &q, &kv, &cache);
+        /* the E4M3 rows run under each conversion where there are two (fp8_only) */
+        if (fp8_only ? cache != PA_DTYPE_FP8_E4M3 : two_forms && cache == PA_DTYPE_FP8_E4M3) continue;
+        grid_result a, b;
+        friendly();
+        grid_run_case(cpu, i, 1, &a);
+        hostile();
+        grid_run_case(cpu, i, 2, &b);
+        friendly();
+        n++;
+        if (a.failed) TEST_FAIL("isa %s, E4M3 conversion %s, default environment: %s: %s", isa, form, grid_case_name(i), a.reason);
+        if (b.failed) TEST_FAIL("isa %s, E4M3 conversion %s, FTZ/DAZ + upward: %s: %s", isa, form, grid_case_name(i), b.reason);
+        if (a.skipped != b.skipped || a.digest != b.digest)
+            TEST_FAIL("isa %s, E4M3 conversion %s: %s: output bits %016llx in the default environment, %016llx under "
+                      "FTZ/DAZ + rounding upward", isa, form, grid_case_name(i), (unsigned long long)a.digest,
+                      (unsigned long long)b.digest);
+        test__checks += 3;
+    }
+    printf("isa %s, E4M3 conversion %s: %d cases, %s\n", isa, form, n,
+           test__failures == before ? "the same bits in both environments" : "FAILED");
+}
+
+/* merge of two partial states whose arithmetic rounds (exp, division): bits in both
+ * environments, flags raised by the caller kept and none added */
+static void check_merge(pa_context *ctx, const char *where)
+{
+    enum { T = 3, H = 2, D = 8, E = T * H * D };
+    float oa[E], ob[E], la[T * H], lb[T * H], o0[E], o1[E], l0[T * H], l1[T * H];
+    for (int i = 0; i < E; i++) {
+        oa[i] = (float)(i % 11) / 3.0f - 1.7f;
+        ob[i] = 1.1f - (float)(i % 5) / 7.0f;
+    }
+    for (int i = 0; i < T * H; i++) {
+        la[i] = 0.3f * (float)i - 0.9f;
+        lb[i] = 1.3f - 0.7f * (float)i;
+    }
+    pa_merge_args m = {T, H, D, PA_DTYPE_F32, oa, la, ob, lb, o0, l0, 0, 0};
+    friendly();
+    CHECK_OK(pa_merge_states(ctx, &m));
+    hostile();
+    m.out = o1;
+    m.out_lse = l1;
+    feclearexcept(FE_ALL_EXCEPT);
+    feraiseexcept(FE_DIVBYZERO);
+    CHECK_OK(pa_merge_states(ctx, &m));
+    int flags = fetestexcept(FE_ALL_EXCEPT);
+    check_still_hostile(where);
+    friendly();
+    if (flags != FE_DIVBYZERO)
+        TEST_FAIL("%s: exception flags %#x after the call, want only the caller's FE_DIVBYZERO (%#x)", where, flags,
+                  FE_DIVBYZERO);
+    if (memcmp(o0, o1, sizeof o0) || memcmp(l0, l1, sizeof l0))
+        TEST_FAIL("%s: merged output or LSE bits differ under FTZ/DAZ + rounding upward", where);
+    test__checks += 2;
+}
+
+int main(void)
+{
+    const pa_backend *cpu = pa_backend_find("cpu");
+    if (!cpu) {
+        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
+        return 77;
+    }
+    check_merge(NULL, "pa_merge_states on the host");
+    pa_context *ctx = NULL;
+    hostile();
+    CHECK_OK(pa_context_create(cpu, NULL, &ctx));
+    friendly();
+    check_merge(ctx, "pa_merge_states on a cpu context");
+    pa_context_destroy(ctx);
+
+    int ran = 0;
+    for (int i = 0; i < TEST_CPU_NISA; i++) {
+        if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) {
+            printf("isa %s: not runnable here, skipped\n", test_cpu_isas[i]);
+            continue;
+        }
+        ran++;
+        run_cases(cpu, test_cpu_isas[i], "default", 0);
+        for (int f = 0; f < TEST_CPU_NFP8 && !strncmp(test_cpu_isas[i], "avx", 3); f++) {
+            setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[f], 1);
+            run_cases(cpu, test_cpu_isas[i], test_cpu_fp8_forms[f], 1);
+        }
+        unsetenv("PAGEDATTN_CPU_FP8");
+    }
+    unsetenv("PAGEDATTN_CPU_ISA");
+    CHECK(ran >= 1);
+    return test_exit();
+}
