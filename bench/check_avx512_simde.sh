@@ -2,10 +2,11 @@
 # Runs the shared case grid on the cpu backend's AVX-512 kernels on a machine WITHOUT AVX-512,
 # by compiling src/backends/cpu/x86/cpu_avx512.c and cpu_avx512bf16.c against SIMDe (apt install
 # libsimde-dev), which emulates the intrinsics, and forcing the paths on: once as avx512, once as
-# avx512bf16 (ISAS="avx512" for one). A development check of the kernels' logic, not of the
-# instructions; the grid then compares with the reference as usual. Aligned loads and stores
-# check their address here (the hardware faults on a misaligned one, SIMDe would not): a
-# misaligned one aborts with "alignment check failed".
+# avx512bf16 (ISAS="avx512" for one). Without a filter the avx512bf16 pass runs only the cases
+# with bf16 queries and bf16 keys, the only ones whose kernels differ from avx512's. A
+# development check of the kernels' logic, not of the instructions; the grid then compares with
+# the reference as usual. Aligned loads and stores check their address here (the hardware faults
+# on a misaligned one, SIMDe would not): a misaligned one aborts with "alignment check failed".
 # Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes,
 # test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
 # 30 cases).
@@ -75,10 +76,29 @@ gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/
 cat > "$work/main.c" <<'C'
 #include "grid.h"
 #include <stdlib.h>
+#include <string.h>
 int main(int argc, char **argv)
 {
-    setenv("PAGEDATTN_CPU_ISA", "avx512", 0); /* the script sets it */
-    return grid_run_all(pa_backend_find("cpu"), argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
+    const pa_backend *cpu = pa_backend_find("cpu");
+    const char *isa = getenv("PAGEDATTN_CPU_ISA"); /* the script sets it */
+    if (argc > 1 || !isa || strcmp(isa, "avx512bf16") != 0)
+        return grid_run_all(cpu, argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
+    /* avx512bf16 is avx512 with the two dot products of bf16 queries by bf16 keys replaced
+     * (pa__cpu_kernels_init_avx512bf16): only the cases that reach those run again here */
+    int run = 0, failed = 0;
+    for (int i = 0; i < grid_count(); i++) {
+        pa_dtype q, kv, cache;
+        if (grid_case_dtypes(i, &q, &kv, &cache) != 0) return 1;
+        if (q != PA_DTYPE_BF16 || (kv != PA_DTYPE_BF16 && cache != PA_DTYPE_BF16)) continue;
+        grid_result r;
+        failed += grid_run_case(cpu, i, 0, &r);
+        run++;
+        printf("%-4d %-6s %10.3g %10.3g %10.3g  %s\n", i, r.failed ? "FAIL" : r.skipped ? "skip" : "ok",
+               r.max_abs_err, r.max_rel_err, r.max_lse_err, grid_case_name(i));
+        if (r.failed || r.skipped) printf("     -> %s\n", r.reason);
+    }
+    printf("cpu (avx512bf16): %d cases with bf16 queries and bf16 keys, %d failed\n", run, failed);
+    return failed != 0 || run == 0;
 }
 C
 gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
