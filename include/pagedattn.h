@@ -447,7 +447,10 @@ PA_API pa_status pa_backend_supports(const pa_backend *backend, const pa_layer *
  * same bits either way. (CUDA does not survive a fork: create cuda contexts after it.) */
 typedef struct pa_context pa_context;
 
-/* The most worker threads a context takes (more: INVALID_ARGUMENT; "online cores" is capped). */
+/* The most worker threads a context takes (more: INVALID_ARGUMENT; "online cores" is capped).
+ * "Online cores" (the cpu backend's default) counts the CPUs this process may use: the online
+ * ones, within its affinity mask (taskset, cpusets) and its cgroup's CPU quota rounded up (a
+ * container's --cpus, a Kubernetes CPU limit; cgroup v1 and v2). */
 #define PA_MAX_THREADS 1024
 
 typedef struct pa_context_options {

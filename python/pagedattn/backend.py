@@ -41,8 +41,9 @@ def _threads_context():
 
 
 def set_num_threads(n):
-    """Sets the number of worker threads of the ``cpu`` backend's context (0 = one per online
-    core). Other backends have no pool and ignore it."""
+    """Sets the number of worker threads of the ``cpu`` backend's context (0 = one per core
+    this process may use: online, in its affinity mask, within its cgroup's CPU quota). Other
+    backends have no pool and ignore it."""
     n = int(n)
     if n < 0 or n > 1024:  # PA_MAX_THREADS; checked here too so that ctypes never truncates n
         raise ValueError("num_threads must be in [0, 1024], got %d" % n)

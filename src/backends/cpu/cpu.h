@@ -270,7 +270,11 @@ typedef struct pa__cpu_pool pa__cpu_pool;
 pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out);
 void pa__cpu_pool_destroy(pa__cpu_pool *pool);
 void pa__cpu_pool_run(pa__cpu_pool *pool, int64_t n, pa__cpu_task_fn fn, void *arg);
+/* The default thread count: online cores, within the affinity mask and the cgroup CPU quota. */
 int pa__cpu_online_cores(void);
+/* The CPUs the process's cgroup quota allows (rounded up; 0: no quota), from the files under
+ * root ("" for this machine; tests pass a directory holding proc/self/cgroup and sys/fs/cgroup). */
+int pa__cpu_cgroup_cpus(const char *root);
 
 /* ---- context ------------------------------------------------------------------------------ */
 

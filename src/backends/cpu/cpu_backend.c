@@ -125,7 +125,7 @@ static const char *cpu_info(void)
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
              "fp8 E4M3 decode: %s\n"
-             "threads: %d online cores\n",
+             "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? "best this machine runs"
              : st == PA_STATUS_OK ? "forced by PAGEDATTN_CPU_ISA"

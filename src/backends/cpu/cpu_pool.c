@@ -11,7 +11,10 @@
 #define _GNU_SOURCE
 #include "cpu.h"
 
+#include <limits.h>
 #include <sched.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct pa__cpu_pool {
@@ -76,6 +79,119 @@ static void *worker_main(void *varg)
     }
 }
 
+/* ---- the CPUs this process may use -------------------------------------------------------
+ * The default thread count is the online cores, fewer where the affinity mask allows fewer, and
+ * fewer again where the process's cgroup has a CPU quota (a container started with --cpus=2, a
+ * Kubernetes CPU limit): quota / period CPUs, rounded up. Without the last, a 64-core host
+ * running a 2-CPU container would start 64 workers, which spend the quota within a fraction of
+ * each period and then wait, throttled, for the next one (100 ms by default) in every forward.
+ * cgroup v2 (cpu.max: "max 100000" or "200000 100000") and v1 (cpu.cfs_quota_us, -1 = none, over
+ * cpu.cfs_period_us); each level from the process's cgroup up to the hierarchy's mount point is
+ * read and the smallest quota wins. */
+
+static int read_text(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return 0;
+}
+
+/* the CPUs that q microseconds per period of p allow, rounded up; 0: no limit */
+static int quota_cpus(long long q, long long p)
+{
+    if (q <= 0 || p <= 0) return 0;
+    long long n = q / p + (q % p != 0);
+    return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* the limit set in one cgroup directory; 0: none (or unreadable) */
+static int level_cpus(const char *dir, bool v2)
+{
+    char path[4096 + 32], txt[128];
+    long long q = 0, p = 0;
+    if (v2) {
+        snprintf(path, sizeof path, "%s/cpu.max", dir); /* "max P" (no limit) fails the scan */
+        if (read_text(path, txt, sizeof txt) || sscanf(txt, "%lld %lld", &q, &p) != 2) return 0;
+    } else {
+        snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
+        if (read_text(path, txt, sizeof txt) || sscanf(txt, "%lld", &q) != 1) return 0;
+        snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
+        if (read_text(path, txt, sizeof txt) || sscanf(txt, "%lld", &p) != 1) return 0;
+    }
+    return quota_cpus(q, p);
+}
+
+/* the smallest limit from mount + rel up to mount; 0: none */
+static int walk_cpus(const char *mount, const char *rel, bool v2)
+{
+    char dir[4096];
+    size_t base = strlen(mount);
+    int n = snprintf(dir, sizeof dir, "%s%s", mount, rel);
+    if (n < 0 || (size_t)n >= sizeof dir) return 0;
+    /* a cgroup path from another cgroup namespace is not under this mount: start at its root,
+     * which is then the process's own cgroup */
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) dir[base] = 0;
+    int best = 0;
+    for (;;) {
+        size_t len = strlen(dir);
+        while (len > base && dir[len - 1] == '/') dir[--len] = 0;
+        int c = level_cpus(dir, v2);
+        if (c > 0 && (best == 0 || c < best)) best = c;
+        char *slash = len > base ? strrchr(dir + base, '/') : NULL;
+        if (!slash) break;
+        *slash = 0;
+    }
+    return best;
+}
+
+/* whether a v1 line's controller list ("cpu,cpuacct") has cpu */
+static bool has_cpu_controller(const char *list)
+{
+    for (const char *c = list; *c;) {
+        size_t n = strcspn(c, ",");
+        if (n == 3 && !strncmp(c, "cpu", 3)) return true;
+        c += n + (c[n] == ',');
+    }
+    return false;
+}
+
+int pa__cpu_cgroup_cpus(const char *root)
+{
+    char path[4096 + 64], buf[8192];
+    snprintf(path, sizeof path, "%s/proc/self/cgroup", root);
+    if (read_text(path, buf, sizeof buf)) return 0;
+    int best = 0;
+    for (char *line = buf, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        /* "id:controllers:path"; v2's line is "0::path" */
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        *c2 = 0;
+        const char *ctrl = c1 + 1, *rel = c2 + 1;
+        bool v2 = !strncmp(line, "0:", 2) && !*ctrl;
+        if (!v2 && !has_cpu_controller(ctrl)) continue;
+        char mount[4096];
+        int c = 0;
+        if (v2) {
+            snprintf(mount, sizeof mount, "%s/sys/fs/cgroup", root);
+            c = walk_cpus(mount, rel, true);
+        } else {
+            /* mounted under its controller list ("cpu,cpuacct"), often with "cpu" beside it */
+            snprintf(mount, sizeof mount, "%s/sys/fs/cgroup/%s", root, ctrl);
+            struct stat st;
+            if (stat(mount, &st) != 0) snprintf(mount, sizeof mount, "%s/sys/fs/cgroup/cpu", root);
+            c = walk_cpus(mount, rel, false);
+        }
+        if (c > 0 && (best == 0 || c < best)) best = c;
+    }
+    return best;
+}
+
 int pa__cpu_online_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -86,6 +202,8 @@ int pa__cpu_online_cores(void)
         if (a > 0 && (n <= 0 || a < n)) n = a;
     }
 #endif
+    int q = pa__cpu_cgroup_cpus("");
+    if (q > 0 && (n <= 0 || q < n)) n = q;
     return n > 0 ? (int)n : 1;
 }
 
