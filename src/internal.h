@@ -263,7 +263,8 @@ struct pa_context {
  * at start-up, torch.set_flush_denormal(True) sets them too, and under DAZ an fp8 kernel that
  * carries E4M3 codes as scaled f32 subnormals would read them as zeros. Every entry point that
  * computes saves the caller's environment, sets the default and restores the caller's (its
- * exception flags included, so the library raises none) before it returns; the cpu pool's
+ * exception flags included, so the library raises none; with exceptions masked, a caller that
+ * enabled FP traps gets no SIGFPE from NaN or inf inputs) before it returns; the cpu pool's
  * workers set the default when they start.
  * On x86-64 all of the library's floating-point arithmetic is SSE/AVX (no long double, no x87),
  * so the MXCSR is the whole environment: saving and loading it costs a few ns, where

@@ -1,7 +1,7 @@
 /* test_fpenv.c: the library computes in the default floating-point environment, whatever the
  * caller's. The caller here turns on flush-to-zero and denormals-are-zero (x86 MXCSR FTZ|DAZ,
- * Arm FPCR.FZ: what -ffast-math start-up code and torch.set_flush_denormal(True) do) and rounds
- * upward, then:
+ * Arm FPCR.FZ: what -ffast-math start-up code and torch.set_flush_denormal(True) do), rounds
+ * upward and, where the C library can, enables the invalid and overflow traps (SIGFPE), then:
  *  - a set of grid cases (every E4M3-cache row, under both conversions on the AVX paths, and
  *    every thirteenth other row) on every cpu ISA path this machine runs, on 2
  *    threads, must give the bits they give in the default environment on 1 thread, and pass
@@ -12,7 +12,7 @@
  *    environment;
  *  - after those calls the caller's rounding mode, flush bits and exception flags are as they
  *    were (the library raises no flag of its own in the caller's environment). */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* feenableexcept (glibc) */
 #include "grid.h"
 #include "test.h"
 #include "test_cpu_isa.h"
@@ -55,6 +55,13 @@ static void set_flush(int on)
 
 static unsigned long hostile_flush; /* flush_bits() in the hostile environment */
 
+/* FP traps the caller enables where the C library can (glibc; hardware without trapping, as
+ * most Arm cores, refuses, and the test goes on without them) */
+#if defined(__GLIBC__) && defined(FE_INVALID) && defined(FE_OVERFLOW)
+#define TRAPS (FE_INVALID | FE_OVERFLOW)
+#endif
+static int traps_on;
+
 static void hostile(void)
 {
 #ifdef FE_UPWARD
@@ -62,10 +69,17 @@ static void hostile(void)
 #endif
     set_flush(1);
     hostile_flush = flush_bits();
+#ifdef TRAPS
+    feclearexcept(FE_ALL_EXCEPT);
+    traps_on = feenableexcept(TRAPS) != -1 && fegetexcept() == TRAPS;
+#endif
 }
 
 static void friendly(void)
 {
+#ifdef TRAPS
+    fedisableexcept(FE_ALL_EXCEPT);
+#endif
     set_flush(0);
     CHECK_INT(fesetround(FE_TONEAREST), 0);
 }
@@ -78,6 +92,10 @@ static void check_still_hostile(const char *after)
 #endif
     if (flush_bits() != hostile_flush)
         TEST_FAIL("after %s: flush bits %#lx, want %#lx", after, flush_bits(), hostile_flush);
+#ifdef TRAPS
+    if (traps_on && fegetexcept() != TRAPS)
+        TEST_FAIL("after %s: enabled traps %#x, want %#x", after, fegetexcept(), TRAPS);
+#endif
     test__checks++;
 }
 
@@ -159,6 +177,8 @@ int main(void)
         return 77;
     }
     check_merge(NULL, "pa_merge_states on the host");
+    printf("the caller's invalid and overflow traps: %s\n",
+           traps_on ? "enabled" : "not available here (the test runs without them)");
     pa_context *ctx = NULL;
     hostile();
     CHECK_OK(pa_context_create(cpu, NULL, &ctx));

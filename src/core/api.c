@@ -48,7 +48,10 @@ pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, 
     struct pa_context *ctx = pa__calloc(1, sizeof *ctx);
     if (!ctx) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_context_create: out of memory");
     ctx->backend = b;
+    pa__fpenv fe; /* (a backend's threads start in their creator's environment) */
+    pa__fpenv_enter(&fe);
     pa_status s = b->context_create ? b->context_create(opt, &ctx->impl) : PA_STATUS_OK;
+    pa__fpenv_leave(&fe);
     if (s) {
         pa__free(ctx);
         return s;
