@@ -123,12 +123,17 @@ static void run_cases(const pa_backend *cpu, const char *isa, const char *form, 
         grid_run_case(cpu, i, 2, &b);
         friendly();
         n++;
-        if (a.failed) TEST_FAIL("isa %s, E4M3 conversion %s, default environment: %s: %s", isa, form, grid_case_name(i), a.reason);
-        if (b.failed) TEST_FAIL("isa %s, E4M3 conversion %s, FTZ/DAZ + upward: %s: %s", isa, form, grid_case_name(i), b.reason);
+        const char *name = grid_case_name(i);
+        if (a.failed)
+            TEST_FAIL("isa %s, E4M3 conversion %s, default environment: %s: %s", isa, form, name,
+                      a.reason);
+        if (b.failed)
+            TEST_FAIL("isa %s, E4M3 conversion %s, FTZ/DAZ + upward: %s: %s", isa, form, name,
+                      b.reason);
         if (a.skipped != b.skipped || a.digest != b.digest)
-            TEST_FAIL("isa %s, E4M3 conversion %s: %s: output bits %016llx in the default environment, %016llx under "
-                      "FTZ/DAZ + rounding upward", isa, form, grid_case_name(i), (unsigned long long)a.digest,
-                      (unsigned long long)b.digest);
+            TEST_FAIL("isa %s, E4M3 conversion %s: %s: output bits %016llx in the default "
+                      "environment, %016llx under FTZ/DAZ + rounding upward",
+                      isa, form, name, (unsigned long long)a.digest, (unsigned long long)b.digest);
         test__checks += 3;
     }
     printf("isa %s, E4M3 conversion %s: %d cases, %s\n", isa, form, n,
