@@ -49,6 +49,7 @@ typedef struct gcase {
     float qscale;       /* query magnitude: sharper or flatter softmax */
     int nonfinite;      /* NaN/inf in cached K and V, new K and V rows and a query (poison_inputs) */
     float fp8mag;       /* fp8 caches: cached K/V codes' values up to this (0: 8) */
+    float vmag;         /* 16- and 32-bit values (cached and new): up to this (0: 1) */
     uint64_t seed;      /* inputs' seed; 0: drawn from the case's index in the grid */
 } gcase;
 
@@ -103,6 +104,7 @@ static void name_case(gcase *c, const char *tag)
     if (c->explicit_slots) FEAT(" slots-1");
     if (c->share_prefix) FEAT(" shared-blocks");
     if (c->nonfinite) FEAT(" nan-inf");
+    if (c->vmag > 0) FEAT(" v%a", (double)c->vmag);
 #undef FEAT
     snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s%s [%s]", tag,
              pa_attn_type_name(c->type), c->H, c->Hkv, c->D, c->B, layout_name(c->layout),
@@ -655,6 +657,44 @@ static void build_fp8_decode_cases(void)
     push(c, "fp8-decode");
 }
 
+/* 16-bit values near and below the bottom of the fp32 range (outputs f32, as small as they
+ * are): 2^-125 (about half of them bf16 subnormals), 2^-100 (normal, but products with small
+ * weights are not) and 2^-80, in decodes, chunked prefills and an encoder's own rows. The cpu
+ * backend's AVX512-BF16 PV (vdpbf16ps takes subnormals as zero and flushes subnormal results)
+ * must leave the first two to its fp32 kernels; a flushed value changes the output by far more
+ * than these rows' tolerance, which scales with the values. Under the sharper queries most
+ * weights are small too. */
+static void build_tiny_v_cases(void)
+{
+    static const float mags[] = {0x1p-125f, 0x1p-100f, 0x1p-80f};
+    for (int i = 0; i < 3; i++) {
+        gcase c = base_case();
+        c.D = 128, c.H = 16, c.Hkv = 4, c.cache = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32;
+        c.qd = i == 1 ? PA_DTYPE_F16 : PA_DTYPE_BF16;
+        c.layout = i % 2 ? LAYOUT_HND : LAYOUT_NHD;
+        c.vmag = mags[i], c.qscale = i == 1 ? 8.0f : 1.0f;
+        c.no_kv = 1; /* every value from the cache, at the row's magnitude */
+        decode_only(&c, 300 + 37 * i, 3);
+        c.nseq = 4;
+        c.seqs[3] = (gseq){700, 3, 0, 0};
+        push(c, "tiny-v");
+        c = base_case();
+        c.D = 128, c.H = 12, c.Hkv = 4, c.cache = c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32;
+        c.vmag = mags[i], c.qscale = i == 2 ? 8.0f : 1.0f;
+        c.nseq = 2;
+        c.seqs[0] = (gseq){0, 150, 0, 0};
+        c.seqs[1] = (gseq){40, 90, 0, 0};
+        push(c, "tiny-v");
+    }
+    gcase c = base_case();
+    c.type = PA_ATTN_ENCODER_ONLY, c.D = 96, c.H = 8, c.Hkv = 2;
+    c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32, c.vmag = 0x1p-125f;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){0, 70, 1, 0};
+    c.seqs[1] = (gseq){0, 33, 1, 0};
+    push(c, "tiny-v");
+}
+
 static void build_cases(void)
 {
     if (ncases) return;
@@ -727,6 +767,7 @@ static void build_cases(void)
     c.D = 64, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_F16;
     push(c, "prefill16");
     build_fp8_decode_cases();
+    build_tiny_v_cases();
 }
 
 int grid_count(void)
@@ -939,7 +980,7 @@ static pa_status write_random_tokens(ginputs *in, const int64_t *slots, int64_t 
     const float mag = fp8_mag(c);
     for (int64_t i = 0; i < n * row; i++) {
         k[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->kscale * mag : 1.0f);
-        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * mag : 1.0f);
+        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * mag : c->vmag > 0 ? c->vmag : 1.0f);
     }
     pa_status s = pa_cache_write(NULL, &in->cache, PA_DTYPE_F32, k, 0, v, 0, slots, n, c->kscale, c->vscale);
     free(k);
@@ -1036,7 +1077,7 @@ static int make_qkv(ginputs *in, uint64_t *rng)
     void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
     void *vb = in->vbuf.base ? in->vbuf.p : (char *)in->qkv.p + in->v_off;
     float amp_k = pa_dtype_size(c->cache) == 1 ? c->kscale * 8 : 1.0f;
-    float amp_v = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : 1.0f;
+    float amp_v = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : c->vmag > 0 ? c->vmag : 1.0f;
     for (int64_t t = 0; t < in->kv_rows; t++)
         for (int64_t e = 0; e < kvrow; e++) {
             store_float(c->kvd, kb, t * in->k_rs + e, rng_uniform(rng) * amp_k);
@@ -1239,7 +1280,7 @@ static void tolerance(const gcase *c, double *atol, double *rtol)
      * rounding boundary may round to the neighbour of the exact result's rounding */
     double out_eps = c->outd == PA_DTYPE_F32 ? 0 : c->outd == PA_DTYPE_F16 ? 1.0 / 1024 : 1.0 / 128;
     double p_eps = c->cache == PA_DTYPE_F16 ? 1.0 / 2048 : c->cache == PA_DTYPE_BF16 ? 1.0 / 256 : 0;
-    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * fp8_mag(c) : 1.0;
+    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * fp8_mag(c) : c->vmag > 0 ? c->vmag : 1.0;
     *rtol = out_eps;
     *atol = vmax * (2e-5 + p_eps) + out_eps * 1e-3;
 }

@@ -160,6 +160,23 @@ typedef struct pa__cpu_kernels {
      * S[r][c] = scale * dot(Q16[r], K[c]) for c < nc rounded up to 16. d even. pf as for qk_t. */
     void (*qk_t_bf16)(const uint16_t *q16, int nr, const uint32_t *kt2, int nc, int dp, float scale, float *s,
                       int lds, const struct pa__cpu_pf *pf);
+    /* Optional (NULL: pv_src; AVX512-BF16). Decode PV by bf16 dot products over bf16 V rows:
+     * pv_src's result with every probability rounded to bf16 first (the contract allows a
+     * 16-bit value dtype's rounding there). vdpbf16ps takes subnormal operands as zero and
+     * flushes subnormal results, so these kernels take only values where that cannot show:
+     * each returns false, having written nothing, when some value it would multiply is nonzero
+     * and below PA__CPU_BF16_TINY in magnitude, or is inf or NaN (the caller then runs the
+     * fp32 kernels). */
+    bool (*pv_src_bf16)(const void *const *vrows, int nc, const float *p, int ldp, int nr, int dp,
+                        const float *alpha, const unsigned char *colmask, float *o, const struct pa__cpu_pf *pf);
+    /* Optional with pv_bf16 (NULL: load_rows + pv). Prefill PV by bf16 dot products: the tile
+     * of n bf16 V rows as 32-bit pairs vt2[i * dp + j] = (V[2i][j], V[2i + 1][j]) (low half,
+     * high half), zero for j >= d, for the odd last key's partner and for columns that colmask
+     * (NULL: none) hides from every row; false as for pv_src_bf16 (the tile is then garbage). */
+    bool (*load_v_pairs)(const void *const *rows, int n, int d, int dp, const unsigned char *colmask, uint32_t *vt2);
+    /* O[r] = O[r] * alpha[r] (NULL: 1) + sum_c bf16(P[r][c]) V[c] over the tile's pairs. */
+    void (*pv_bf16)(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
+                    float *o, const struct pa__cpu_pf *pf);
     bool pf_spread;
     /* qk_src_pairs (qk_src in a table without it) and pv_src take E4M3 key and value rows as
      * bf16 or f32 words 2^-120 times their value (dtype PA__CPU_E4M3B; for QK the caller passes
@@ -184,6 +201,12 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
 #define PA__CPU_E4M3B ((pa_dtype)(PA_DTYPE_COUNT_ + 2))
 #define PA__CPU_E4M3BN ((pa_dtype)(PA_DTYPE_COUNT_ + 3))
 #define PA__CPU_E4M3_UP 0x1p120f
+
+/* The smallest magnitude (but 0) of a V value that the bf16 dot-product kernels take (cpu.h,
+ * pv_src_bf16): every product with a probability of at least 2^-36 is then an fp32 normal, so
+ * what vdpbf16ps flushes (products below 2^-126, probabilities below 2^-126) adds up to at most
+ * 2^-36 of the largest |V| per key. */
+#define PA__CPU_BF16_TINY 0x1p-90f
 
 /* Whether x[0..n) times 2^120 is exact (finite): every |x| below 2^7 (NaN and inf fail). */
 static inline bool pa__cpu_e4m3_up_ok(const float *x, size_t n)

@@ -342,6 +342,12 @@ static void run_item(void *arg, int64_t index, int thread)
          * 2^120 times theirs where that is exact (else the f16 forms); pair-split too where the
          * table has qk_src_pairs. Their V rows go as PA__CPU_E4M3B whatever the queries. */
         const bool e4b = ks[0].dtype == PA_DTYPE_FP8_E4M3 && K->e4m3_bf16;
+        /* bf16 V: PV by bf16 dot products where the table has them (AVX512-BF16), for any
+         * query dtype; their kernels decline rows they cannot take exactly (cpu.h). The
+         * probabilities are rounded to the cache's dtype only, as the cuda backend's tensor-core
+         * paths round them: not for an encoder's own bf16 rows beside a cache of another dtype. */
+        const bool vpairs = ks[0].dtype == PA_DTYPE_BF16 && cfg->cache_dtype == PA_DTYPE_BF16 &&
+                            (direct ? K->pv_src_bf16 != NULL : K->pv_bf16 != NULL);
         const bool e4p = direct && e4b && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
         const bool pairs = direct && !q16 && K->qk_src_pairs && (ks[0].dtype == PA_DTYPE_BF16 || e4p);
         if (pairs) pa__cpu_pair_split(sc->q, nr, dp);
@@ -471,17 +477,23 @@ static void run_item(void *arg, int64_t index, int thread)
                         if (pf) prefetch_rows(pf->rows, pf->n, row_bytes);
                         K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
                         pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok, NULL);
-                    } else {
+                    } else if (!(vpairs && K->pv_src_bf16(vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf))) {
+                        /* (bf16 dot products where the table has them and the rows suit them) */
                         K->pv_src(e4b ? PA__CPU_E4M3B : ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
                     }
                 } else {
                     const void *const *vrows = vr[k];
                     if (!transposed) key_rows(&ks[k], true, a, nc, vr[k]);
-                    K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
                     /* the next tile's K rows of this head (transposed tiles; read next) */
                     pfkr.n = transposed && e < uhi ? (int)(ne - e) : 0;
                     if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
                     const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
+                    if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv)) {
+                        /* the tile as bf16 pairs, for bf16 dot products (cpu.h, pv_bf16) */
+                        K->pv_bf16(pk, CPU_KT, nrk, (const uint32_t *)vv, nc, dp, ak, ok, pf);
+                        continue;
+                    }
+                    K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
                     if (cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))
                         pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);
                     else

@@ -1,15 +1,22 @@
 /* cpu_avx512bf16.c: AVX512-BF16 dot products (vdpbf16ps), compiled with their own flags and
  * chosen at run time only where CPUID says AVX512_BF16 on top of the AVX-512 path's checks
- * (PAGEDATTN_CPU_ISA=avx512bf16). On top of the AVX-512 table it adds one kernel: decode QK for
- * bf16 queries over bf16 key rows, straight from the cache, with no conversion at all.
+ * (PAGEDATTN_CPU_ISA=avx512bf16). On top of the AVX-512 table it adds QK for bf16 queries over
+ * bf16 keys (decode straight from the cache, prefill over the transposed tile) and PV over bf16
+ * values (decode straight from the cache, prefill over the tile as key pairs).
  *
- * Numerics: the queries are taken as given (bf16, unscaled) and the keys as stored, so every
+ * Numerics. QK: the queries are taken as given (bf16, unscaled) and the keys as stored, so every
  * product of two bf16 values is exact in fp32; vdpbf16ps adds them in fp32, and the layer's
  * scale multiplies the finished sums (the contract's s = scale * dot(q, k)). What differs from
- * the fp32 path is only the order of the additions, and that the instruction treats bf16
- * subnormals (below 2^-126) as zero. PV stays fp32 (the AVX-512 kernels).
- * NOTE: written on a machine without AVX-512: checked on the whole case grid with the intrinsics
- * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on hardware. */
+ * the fp32 path is the order of the additions, and that the instruction treats bf16 subnormals
+ * (below 2^-126) as zero. PV: each probability is rounded to bf16 (to nearest even), which the
+ * contract allows for a 16-bit value dtype (the cuda backend's tensor cores do the same); the
+ * products are exact and the sums fp32. Because vdpbf16ps also flushes subnormal products and
+ * sums, the PV kernels scan every value they multiply and decline a call (the caller runs the
+ * fp32 kernels) where one is nonzero below 2^-90, inf or NaN (cpu.h, PA__CPU_BF16_TINY).
+ * NOTE: checked natively only in its QK-only form (an Intel Xeon host, 2026-11-28, where
+ * vdpbf16ps ran at half the FMA rate); the PV kernels on the whole case grid with the intrinsics
+ * emulated by SIMDe (bench/check_avx512_simde.sh, whose vdpbf16ps takes subnormals as zero and
+ * flushes as Intel documents), never yet run or timed on hardware. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
 
@@ -145,9 +152,287 @@ static void a5b_qk_t_bf16(const uint16_t *q16, int nr, const uint32_t *kt2, int 
     }
 }
 
+/* ---- PV by bf16 dot products --------------------------------------------------------------- */
+
+/* Every V value that the kernels multiply passes through here, 32 words at a time: mn keeps the
+ * smallest |x| - 1 (so 0 wraps to 0xffff and drops out), mx the largest |x|. The values are
+ * fit (cpu.h, pv_src_bf16) when no nonzero |x| is below PA__CPU_BF16_TINY (bf16 0x1280) and none
+ * is inf or NaN (0x7f80 and up). */
+#define BF16_TINY_BITS 0x1280
+_Static_assert(BF16_TINY_BITS == (127 - 90) << 7, "PA__CPU_BF16_TINY (2^-90) as bf16 bits");
+
+AI void scan_words(__m512i x, __m512i *mn, __m512i *mx)
+{
+    const __m512i y = _mm512_and_si512(x, _mm512_set1_epi16(0x7fff));
+    *mn = _mm512_min_epu16(*mn, _mm512_sub_epi16(y, _mm512_set1_epi16(1)));
+    *mx = _mm512_max_epu16(*mx, y);
+}
+
+AI bool scan_fit(__m512i mn, __m512i mx)
+{
+    return !(_mm512_cmplt_epu16_mask(mn, _mm512_set1_epi16(BF16_TINY_BITS - 1)) |
+             _mm512_cmpge_epu16_mask(mx, _mm512_set1_epi16(0x7f80)));
+}
+
+/* acc + dot products of the pairs of x with the pair at w, taken as the instruction's broadcast
+ * memory operand ({1to16}): gcc 12 folds no broadcast into vdpbf16ps and keeps a vpbroadcastd
+ * beside each, an extra operation per dot product in the 12-row prefill block, on a pipe that
+ * llvm-mca's Zen 4 model shares with the arithmetic (eighth pass). PA_SIMDE: the intrinsics are
+ * emulated (bench/check_avx512_simde.sh), so no assembly. */
+AI __m512 dpbf16_bcst(__m512 acc, __m512bh x, const uint32_t *w)
+{
+#ifdef PA_SIMDE
+    return _mm512_dpbf16_ps(acc, x, as_bh(_mm512_set1_epi32((int)*w)));
+#else
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*w));
+    return acc;
+#endif
+}
+
+/* Rows r < nr of the n listed probabilities (column idx[i] of row r of p; idx NULL: column i),
+ * rounded to bf16 (vcvtne2ps2bf16: to nearest even) as pairs: pw[r * 32 + i] = (x[2i], x[2i+1]),
+ * zero past n. n <= CPU_KT. */
+AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint32_t *pw)
+{
+    _Static_assert(CPU_KT == 64, "32 pair words per row");
+    for (int r = 0; r < nr; r++) {
+        float t[CPU_KT] __attribute__((aligned(64)));
+        const float *pr = p + (size_t)r * ldp;
+        int i = 0;
+        for (; i < n; i++) t[i] = pr[idx ? idx[i] : i];
+        for (; i < (n + 31) / 32 * 32; i++) t[i] = 0.0f;
+        for (i = 0; i < n; i += 32) {
+            __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(t + i + 16), _mm512_load_ps(t + i));
+            memcpy(pw + (size_t)r * 32 + i / 2, &b, sizeof b);
+        }
+    }
+}
+
+/* o[h][0..16) = o[h] * a + x (a: alpha[h], or 1), or (stage) o[h] = x */
+AI void pv_out(float *o, __m512 x, const float *alpha, int h, bool stage)
+{
+    if (stage) _mm512_store_ps(o, x);
+    else _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_load_ps(o), _mm512_set1_ps(alpha ? alpha[h] : 1.0f), x));
+}
+
+/* Decode, dims [j, j + 16 NV) of R rows (at o, dp apart) over the nv listed keys (idx) of the
+ * cache rows vr, in key pairs: two 64-byte loads (32 dims of two keys) interleaved by vpunpck*wd
+ * make two vectors of (key 2i, key 2i + 1) words for dims j + 8L + {0-3} and j + 8L + {4-7} of
+ * 128-bit lane L; a 16-dim tail (odd NV) zero-extends and merges instead. The accumulators are
+ * put back in dim order once at the end. SCAN: every loaded word through scan_words. */
+/* One key pair (rb NULL: key a alone, its partner zero) into the R x NV accumulators. */
+AI void pvb_pair(int R, int NV, bool SCAN, const char *ra, const char *rb, const uint32_t *pw, int i, __m512 *acc,
+                 __m512i *mn, __m512i *mx)
+{
+    __m512bh x[16];
+    for (int u = 0; u + 1 < NV; u += 2) {
+        const __m512i a = _mm512_loadu_si512(ra + 32 * u);
+        const __m512i b = rb ? _mm512_loadu_si512(rb + 32 * u) : _mm512_setzero_si512();
+        if (SCAN) {
+            scan_words(a, mn, mx);
+            if (rb) scan_words(b, mn, mx);
+        }
+        x[u] = as_bh(_mm512_unpacklo_epi16(a, b));
+        x[u + 1] = as_bh(_mm512_unpackhi_epi16(a, b));
+    }
+    if (NV & 1) {
+        const int u = NV - 1;
+        const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ra + 32 * u)));
+        const __m512i b = rb ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(rb + 32 * u)))
+                             : _mm512_setzero_si512();
+        const __m512i w = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+        if (SCAN) scan_words(w, mn, mx);
+        x[u] = as_bh(w);
+    }
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < NV; u++) acc[h * NV + u] = dpbf16_bcst(acc[h * NV + u], x[u], pw + h * 32 + i);
+}
+
+/* Decode, dims [j, j + 16 NV) of R rows (at o, dp apart) over the nv listed keys (idx) of the
+ * cache rows vr, in key pairs: two 64-byte loads (32 dims of two keys) interleaved by vpunpck*wd
+ * make two vectors of (key 2i, key 2i + 1) words for dims j + 8L + {0-3} and j + 8L + {4-7} of
+ * 128-bit lane L; a 16-dim tail (odd NV) zero-extends and merges instead. The accumulators are
+ * put back in dim order once at the end. SCAN: every loaded word through scan_words. */
+AI void pvb_chunk(int R, int NV, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw,
+                  int j, float *o, int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx)
+{
+    __m512 acc[16];
+    for (int i = 0; i < R * NV; i++) acc[i] = _mm512_setzero_ps();
+    int i = 0;
+    for (; 2 * i + 1 < nv; i++)
+        pvb_pair(R, NV, SCAN, (const char *)vr[idx[2 * i]] + (size_t)2 * j,
+                 (const char *)vr[idx[2 * i + 1]] + (size_t)2 * j, pw, i, acc, mn, mx);
+    if (2 * i < nv) pvb_pair(R, NV, SCAN, (const char *)vr[idx[2 * i]] + (size_t)2 * j, NULL, pw, i, acc, mn, mx);
+    const __m512i lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int h = 0; h < R; h++) {
+        float *oh = o + (size_t)h * dp + j;
+        for (int u = 0; u + 1 < NV; u += 2) {
+            const __m512 e = acc[h * NV + u], d = acc[h * NV + u + 1];
+            pv_out(oh + 16 * u, _mm512_permutex2var_ps(e, lo, d), alpha, h, stage);
+            pv_out(oh + 16 * u + 16, _mm512_permutex2var_ps(e, hi, d), alpha, h, stage);
+        }
+        if (NV & 1) pv_out(oh + 16 * (NV - 1), acc[h * NV + NV - 1], alpha, h, stage);
+    }
+}
+
+/* R rows (1..4) over all dims in chunks of up to 64 (4 R accumulators at most 16); pf's rows
+ * prefetched before each chunk in proportion to its width. */
+AI void pvb_rows(int R, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw, float *o,
+                 int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx, const pa__cpu_pf *pf)
+{
+    int pi = 0;
+    for (int j = 0; j < dp;) {
+        const int w = (dp - j) / 16 < 4 ? (dp - j) / 16 : 4;
+        if (pf) {
+            int pe = (int)((int64_t)(j + 16 * w) * pf->n / dp);
+            pf_rows(pf, pi, pe);
+            pi = pe;
+        }
+        switch (w) {
+        case 4: pvb_chunk(R, 4, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
+        case 3: pvb_chunk(R, 3, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
+        case 2: pvb_chunk(R, 2, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
+        default: pvb_chunk(R, 1, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
+        }
+        j += 16 * w;
+    }
+}
+
+AI void pvb_group(int R, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw, float *o,
+                  int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx, const pa__cpu_pf *pf)
+{
+    switch (R) {
+    case 4: pvb_rows(4, SCAN, vr, idx, nv, pw, o, dp, alpha, stage, mn, mx, pf); break;
+    case 3: pvb_rows(3, SCAN, vr, idx, nv, pw, o, dp, alpha, stage, mn, mx, pf); break;
+    case 2: pvb_rows(2, SCAN, vr, idx, nv, pw, o, dp, alpha, stage, mn, mx, pf); break;
+    default: pvb_rows(1, SCAN, vr, idx, nv, pw, o, dp, alpha, stage, mn, mx, pf); break;
+    }
+}
+
+/* Rows in groups of 4. The first group scans every V word it loads (it reads them all) and
+ * leaves its sums in a staging copy, added to O only when the scan passed: a call that returns
+ * false has written nothing. */
+static bool a5b_pv_src_bf16(const void *const *vrows, int nc, const float *p, int ldp, int nr, int dp,
+                            const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    if (nr > 16 || nc > CPU_KT || dp > 512 || dp % 16) return false; /* (direct tiles never are) */
+    int idx[CPU_KT], nv = 0;
+    for (int c = 0; c < nc; c++)
+        if (!colmask || colmask[c]) idx[nv++] = c;
+    uint32_t pw[16 * 32] __attribute__((aligned(64)));
+    probs_pairs(p, ldp, nr, idx, nv, pw);
+    float st[4 * 512] __attribute__((aligned(64)));
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
+    const int g0 = nr < 4 ? nr : 4, ng = (nr + 3) / 4;
+    pa__cpu_pf part = pf_part(pf, 0, ng);
+    pvb_group(g0, true, vrows, idx, nv, pw, st, dp, NULL, true, &mn, &mx, pf ? &part : NULL);
+    if (!scan_fit(mn, mx)) return false;
+    for (int h = 0; h < g0; h++)
+        for (int j = 0; j < dp; j += 16)
+            pv_out(o + (size_t)h * dp + j, _mm512_load_ps(st + (size_t)h * dp + j), alpha, h, false);
+    for (int r = 4; r < nr; r += 4) {
+        part = pf_part(pf, r / 4, ng);
+        pvb_group(nr - r < 4 ? nr - r : 4, false, vrows, idx, nv, pw + (size_t)r * 32, o + (size_t)r * dp, dp,
+                  alpha ? alpha + r : NULL, false, &mn, &mx, pf ? &part : NULL);
+    }
+    return true;
+}
+
+/* Prefill: the V tile as pairs (cpu.h, load_v_pairs), 16 dims per step: each word the low and
+ * high halves of two zero-extended rows. */
+static bool a5b_load_v_pairs(const void *const *rows, int n, int d, int dp, const unsigned char *colmask,
+                             uint32_t *vt2)
+{
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
+    for (int i = 0; 2 * i < n; i++) {
+        const uint16_t *ra = !colmask || colmask[2 * i] ? rows[2 * i] : NULL;
+        const uint16_t *rb = 2 * i + 1 < n && (!colmask || colmask[2 * i + 1]) ? rows[2 * i + 1] : NULL;
+        uint32_t *dst = vt2 + (size_t)i * dp;
+        for (int j = 0; j < dp; j += 16) {
+            const int m = d - j >= 16 ? 16 : d - j > 0 ? d - j : 0;
+            const __mmask16 k = (__mmask16)((1u << m) - 1);
+            const __m512i a = ra ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, ra + j)) : _mm512_setzero_si512();
+            const __m512i b = rb ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, rb + j)) : _mm512_setzero_si512();
+            const __m512i w = _mm512_or_si512(a, _mm512_slli_epi32(b, 16));
+            scan_words(w, &mn, &mx);
+            _mm512_store_si512(dst + j, w);
+        }
+    }
+    return scan_fit(mn, mx);
+}
+
+/* R rows x 16 NV dims from j over the np key pairs of vt2: one broadcast probability pair per
+ * row and pair (with NV 1 an embedded broadcast, as a5_pv's). */
+AI void pvtb_block(int R, int NV, const uint32_t *pw, const uint32_t *vt2, int np, int dp, int j,
+                   const float *alpha, float *o)
+{
+    __m512 acc[12];
+    for (int i = 0; i < R * NV; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < np; i++) {
+        __m512bh x[12];
+        for (int u = 0; u < NV; u++) x[u] = as_bh(_mm512_load_si512(vt2 + (size_t)i * dp + j + 16 * u));
+        for (int h = 0; h < R; h++)
+            for (int u = 0; u < NV; u++) acc[h * NV + u] = dpbf16_bcst(acc[h * NV + u], x[u], pw + h * 32 + i);
+    }
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < NV; u++) pv_out(o + (size_t)h * dp + j + 16 * u, acc[h * NV + u], alpha, h, false);
+}
+
+AI void pvtb_rows(int R, const float *p, int ldp, const uint32_t *vt2, int nc, int dp, const float *alpha, float *o)
+{
+    uint32_t pw[12 * 32] __attribute__((aligned(64)));
+    probs_pairs(p, ldp, R, NULL, nc, pw);
+    const int NVM = 12 / R > 8 ? 8 : 12 / R, np = (nc + 1) / 2;
+    for (int j = 0; j < dp;) {
+        const int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
+        switch (w) {
+#define PVTB_CASE(n)                                                                                 \
+    case n:                                                                                          \
+        if (n <= NVM) pvtb_block(R, n <= NVM ? n : 1, pw, vt2, np, dp, j, alpha, o);                 \
+        break;
+            PVTB_CASE(8)
+            PVTB_CASE(7)
+            PVTB_CASE(6)
+            PVTB_CASE(5)
+            PVTB_CASE(4)
+            PVTB_CASE(3)
+            PVTB_CASE(2)
+#undef PVTB_CASE
+        default: pvtb_block(R, 1, pw, vt2, np, dp, j, alpha, o); break;
+        }
+        j += 16 * w;
+    }
+}
+
+/* Rows in groups of 12 (one vector each), the rest in groups of at most 6. */
+static void a5b_pv_bf16(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
+                        float *o, const pa__cpu_pf *pf)
+{
+    const int ng = (nr + 11) / 12;
+    for (int r = 0, take; r < nr; r += take) {
+        take = nr - r >= 12 ? 12 : (nr - r > 6 ? 6 : nr - r);
+        pf_share(pf, r / 12, ng);
+        const float *pr = p + (size_t)r * ldp, *ar = alpha ? alpha + r : NULL;
+        float *orow = o + (size_t)r * dp;
+        switch (take) {
+        case 12: pvtb_rows(12, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 6: pvtb_rows(6, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 5: pvtb_rows(5, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 4: pvtb_rows(4, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 3: pvtb_rows(3, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 2: pvtb_rows(2, pr, ldp, vt2, nc, dp, ar, orow); break;
+        default: pvtb_rows(1, pr, ldp, vt2, nc, dp, ar, orow); break;
+        }
+    }
+}
+
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k)
 {
     k->name = "avx512bf16";
     k->qk_src_bf16 = a5b_qk_src_bf16;
     k->qk_t_bf16 = a5b_qk_t_bf16;
+    k->pv_src_bf16 = a5b_pv_src_bf16;
+    k->load_v_pairs = a5b_load_v_pairs;
+    k->pv_bf16 = a5b_pv_bf16;
 }
