@@ -97,9 +97,17 @@ for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/bac
          "$S/backends/cpu/x86/cpu_detect.c" "$work/cpu_backend_forced.c"; do
   gcc $CF $SAN -c "$f" -o "$work/$(basename "$f" .c).o"
 done
-gcc $CF $SAN -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o"
-gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o"
-gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o"
+# st LOG CMD...: runs CMD with its output in LOG and prints its status (0 or 1), for jobs run in
+# the background (set -e stays out of them)
+st() { o=$1; shift; if "$@" > "$o" 2>&1; then echo 0; else echo 1; fi; }
+# the three kernel files side by side (the SIMDe ones take minutes)
+st "$work/cc_avx2.log" gcc $CF $SAN -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o" > "$work/cc_avx2" &
+st "$work/cc_avx512.log" gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o" > "$work/cc_avx512" &
+st "$work/cc_avx512bf16.log" gcc $CF $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o" > "$work/cc_avx512bf16"
+wait
+for f in avx2 avx512 avx512bf16; do
+  [ "$(cat "$work/cc_$f")" = 0 ] || { cat "$work/cc_$f.log"; echo "FAIL: compiling cpu_$f.c"; exit 1; }
+done
 cat > "$work/main.c" <<'C'
 #include "grid.h"
 #include <stdlib.h>
@@ -132,33 +140,54 @@ C
 gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
     "$root/tests/support/grid.c" "$work"/*.o -lm -lpthread -o "$work/grid_avx512"
 rc=0
+# each path's grid pass and, without a filter, every test below: two jobs at a time, reported in order
+for isa in ${ISAS:-avx512 avx512bf16}; do
+  st "$work/out_$isa" env PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" > "$work/rc_$isa" &
+done
+wait
 for isa in ${ISAS:-avx512 avx512bf16}; do
   echo "== isa $isa (SIMDe)"
-  PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" 2> "$work/err_$isa" || rc=1
-  if grep -q "alignment check failed" "$work/err_$isa"; then
-    echo "FAIL: misaligned aligned access (a fault on AVX-512 hardware):"; sort -u "$work/err_$isa" | head; rc=1
+  grep -v "alignment check failed" "$work/out_$isa" || true
+  [ "$(cat "$work/rc_$isa")" = 0 ] || rc=1
+  if grep -q "alignment check failed" "$work/out_$isa"; then
+    echo "FAIL: misaligned aligned access (a fault on AVX-512 hardware):"
+    grep "alignment check failed" "$work/out_$isa" | sort -u | head; rc=1
   fi
 done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  for t in test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache; do
-    echo "== $t (SIMDe)"
+  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache"
+  for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"
-    "$work/$t" > "$work/$t.log" 2>&1 || rc=1
-    grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
-    if grep -q "alignment check failed" "$work/$t.log"; then
-      echo "FAIL: misaligned aligned access in $t:"; grep "alignment check failed" "$work/$t.log" | sort -u | head; rc=1
-    fi
   done
   # random sweeps (tests/test_cpu_sweep.c), a short one per path: long decodes, 512-dim heads,
   # NaN/inf, two threads against one bit for bit, the reference against the oracle
   gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" \
       "$root/tests/test_cpu_sweep.c" "$root/tests/support/grid.c" "$work"/[!m]*.o -lm -lpthread -o "$work/sweep"
+  set -- $tests
+  while [ $# -gt 0 ]; do
+    st "$work/$1.log" "$work/$1" > "$work/rc_$1" &
+    if [ $# -gt 1 ]; then st "$work/$2.log" "$work/$2" > "$work/rc_$2" & shift; fi
+    shift
+    wait
+  done
+  for isa in ${ISAS:-avx512 avx512bf16}; do
+    st "$work/sweep_$isa.log" env PAGEDATTN_CPU_ISA=$isa PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" \
+        "$work/sweep" > "$work/rc_sweep_$isa" &
+  done
+  wait
+  for t in $tests; do
+    echo "== $t (SIMDe)"
+    [ "$(cat "$work/rc_$t")" = 0 ] || rc=1
+    grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
+    if grep -q "alignment check failed" "$work/$t.log"; then
+      echo "FAIL: misaligned aligned access in $t:"; grep "alignment check failed" "$work/$t.log" | sort -u | head; rc=1
+    fi
+  done
   for isa in ${ISAS:-avx512 avx512bf16}; do
     echo "== test_cpu_sweep, isa $isa (SIMDe)"
-    PAGEDATTN_CPU_ISA=$isa PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" "$work/sweep" \
-        > "$work/sweep_$isa.log" 2>&1 || rc=1
+    [ "$(cat "$work/rc_sweep_$isa")" = 0 ] || rc=1
     grep -E "sweep from|FAIL|->" "$work/sweep_$isa.log" | tail -12
     if grep -q "alignment check failed" "$work/sweep_$isa.log"; then
       echo "FAIL: misaligned aligned access in the sweep:"; grep "alignment check failed" "$work/sweep_$isa.log" | sort -u | head; rc=1
