@@ -518,6 +518,10 @@ static gcase sweep_case(uint64_t *r)
 {
     gcase c = random_case(r, true);
     c.seed = rng_next(r) | 1;
+    /* one bf16-cache case in 12 holds its values near the bottom of the fp32 range (see
+     * build_tiny_v_cases); decided by the seed's bits, no draw of the stream, so that the cases
+     * of a sweep and the grid rows that replay some stay what they were */
+    if (c.cache == PA_DTYPE_BF16 && (c.seed >> 33) % 12 == 0) c.vmag = (c.seed >> 37) % 2 ? 0x1p-125f : 0x1p-100f;
     return c;
 }
 
