@@ -140,20 +140,23 @@ C
 gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$work/main.c" \
     "$root/tests/support/grid.c" "$work"/*.o -lm -lpthread -o "$work/grid_avx512"
 rc=0
+# report TITLE STATUS LOG PATTERN [LINES]: a job's lines matching PATTERN (the last LINES of them,
+# default 12); a failed status or a misaligned access fails the check
+report() {
+  echo "== $1"
+  grep -E "$4" "$3" | grep -v "alignment check failed" | tail -n "${5:-12}" || true
+  [ "$(cat "$2")" = 0 ] || rc=1
+  if grep -q "alignment check failed" "$3"; then
+    echo "FAIL: misaligned aligned access (a fault on AVX-512 hardware) in $1:"
+    grep "alignment check failed" "$3" | sort -u | head; rc=1
+  fi
+}
 # each path's grid pass and, without a filter, every test below: two jobs at a time, reported in order
 for isa in ${ISAS:-avx512 avx512bf16}; do
   st "$work/out_$isa" env PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" > "$work/rc_$isa" &
 done
 wait
-for isa in ${ISAS:-avx512 avx512bf16}; do
-  echo "== isa $isa (SIMDe)"
-  grep -v "alignment check failed" "$work/out_$isa" || true
-  [ "$(cat "$work/rc_$isa")" = 0 ] || rc=1
-  if grep -q "alignment check failed" "$work/out_$isa"; then
-    echo "FAIL: misaligned aligned access (a fault on AVX-512 hardware):"
-    grep "alignment check failed" "$work/out_$isa" | sort -u | head; rc=1
-  fi
-done
+for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
   tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache"
@@ -177,21 +180,9 @@ if [ $# -eq 0 ]; then
         "$work/sweep" > "$work/rc_sweep_$isa" &
   done
   wait
-  for t in $tests; do
-    echo "== $t (SIMDe)"
-    [ "$(cat "$work/rc_$t")" = 0 ] || rc=1
-    grep -E "^isa|checks|FAIL" "$work/$t.log" | tail -12
-    if grep -q "alignment check failed" "$work/$t.log"; then
-      echo "FAIL: misaligned aligned access in $t:"; grep "alignment check failed" "$work/$t.log" | sort -u | head; rc=1
-    fi
-  done
+  for t in $tests; do report "$t (SIMDe)" "$work/rc_$t" "$work/$t.log" "^isa|checks|FAIL"; done
   for isa in ${ISAS:-avx512 avx512bf16}; do
-    echo "== test_cpu_sweep, isa $isa (SIMDe)"
-    [ "$(cat "$work/rc_sweep_$isa")" = 0 ] || rc=1
-    grep -E "sweep from|FAIL|->" "$work/sweep_$isa.log" | tail -12
-    if grep -q "alignment check failed" "$work/sweep_$isa.log"; then
-      echo "FAIL: misaligned aligned access in the sweep:"; grep "alignment check failed" "$work/sweep_$isa.log" | sort -u | head; rc=1
-    fi
+    report "test_cpu_sweep, isa $isa (SIMDe)" "$work/rc_sweep_$isa" "$work/sweep_$isa.log" "sweep from|FAIL|->"
   done
 fi
 exit $rc
