@@ -97,7 +97,7 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
  * on every call, and two threads asking at once must not write into each other's answer) */
 static const char *cpu_info(void)
 {
-    static _Thread_local char buf[1024];
+    static _Thread_local char buf[2048];
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_ISA"), *env8 = getenv("PAGEDATTN_CPU_FP8");
@@ -125,6 +125,7 @@ static const char *cpu_info(void)
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
              "fp8 E4M3 decode: %s\n"
+             "bf16 caches: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? "best this machine runs"
@@ -137,7 +138,7 @@ static const char *cpu_info(void)
                  ? "built, runs here (its tests passed natively on one Intel Xeon and under SIMDe)"
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
-                 ? "built, runs here (its tests passed natively on one Intel Xeon and under SIMDe)"
+                 ? "built, runs here (its QK passed the tests natively on one Intel Xeon, its PV only under SIMDe)"
                  : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",
@@ -149,6 +150,9 @@ static const char *cpu_info(void)
              "not built (not AArch64)",
 #endif
              fp8,
+             kt.pv_bf16 ? "QK (bf16 queries) and PV by vdpbf16ps, the probabilities rounded to bf16; "
+                          "PV over values below 2^-90, inf or NaN by fp32 FMAs"
+                        : "fp32 FMAs, the probabilities kept in fp32",
              pa__cpu_online_cores());
     return buf;
 }
