@@ -215,11 +215,6 @@ AI void pv_out(float *o, __m512 x, const float *alpha, int h, bool stage)
     else _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_load_ps(o), _mm512_set1_ps(alpha ? alpha[h] : 1.0f), x));
 }
 
-/* Decode, dims [j, j + 16 NV) of R rows (at o, dp apart) over the nv listed keys (idx) of the
- * cache rows vr, in key pairs: two 64-byte loads (32 dims of two keys) interleaved by vpunpck*wd
- * make two vectors of (key 2i, key 2i + 1) words for dims j + 8L + {0-3} and j + 8L + {4-7} of
- * 128-bit lane L; a 16-dim tail (odd NV) zero-extends and merges instead. The accumulators are
- * put back in dim order once at the end. SCAN: every loaded word through scan_words. */
 /* One key pair (rb NULL: key a alone, its partner zero) into the R x NV accumulators. */
 AI void pvb_pair(int R, int NV, bool SCAN, const char *ra, const char *rb, const uint32_t *pw, int i, __m512 *acc,
                  __m512i *mn, __m512i *mx)
