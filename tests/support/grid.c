@@ -54,6 +54,7 @@ typedef struct gcase {
 } gcase;
 
 static float fp8_mag(const gcase *c) { return c->fp8mag > 0 ? c->fp8mag : 8.0f; }
+static float v_mag(const gcase *c) { return c->vmag > 0 ? c->vmag : 1.0f; }
 
 static gcase cases[512];
 static int ncases;
@@ -692,7 +693,7 @@ static void build_tiny_v_cases(void)
     }
     gcase c = base_case();
     c.type = PA_ATTN_ENCODER_ONLY, c.D = 96, c.H = 8, c.Hkv = 2;
-    c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32, c.vmag = 0x1p-125f;
+    c.cache = c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32, c.vmag = 0x1p-125f;
     c.nseq = 2;
     c.seqs[0] = (gseq){0, 70, 1, 0};
     c.seqs[1] = (gseq){0, 33, 1, 0};
@@ -984,7 +985,7 @@ static pa_status write_random_tokens(ginputs *in, const int64_t *slots, int64_t 
     const float mag = fp8_mag(c);
     for (int64_t i = 0; i < n * row; i++) {
         k[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->kscale * mag : 1.0f);
-        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * mag : c->vmag > 0 ? c->vmag : 1.0f);
+        v[i] = rng_uniform(rng) * (pa_dtype_size(c->cache) == 1 ? c->vscale * mag : v_mag(c));
     }
     pa_status s = pa_cache_write(NULL, &in->cache, PA_DTYPE_F32, k, 0, v, 0, slots, n, c->kscale, c->vscale);
     free(k);
@@ -1081,7 +1082,7 @@ static int make_qkv(ginputs *in, uint64_t *rng)
     void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
     void *vb = in->vbuf.base ? in->vbuf.p : (char *)in->qkv.p + in->v_off;
     float amp_k = pa_dtype_size(c->cache) == 1 ? c->kscale * 8 : 1.0f;
-    float amp_v = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : c->vmag > 0 ? c->vmag : 1.0f;
+    float amp_v = pa_dtype_size(c->cache) == 1 ? c->vscale * 8 : v_mag(c);
     for (int64_t t = 0; t < in->kv_rows; t++)
         for (int64_t e = 0; e < kvrow; e++) {
             store_float(c->kvd, kb, t * in->k_rs + e, rng_uniform(rng) * amp_k);
@@ -1284,7 +1285,7 @@ static void tolerance(const gcase *c, double *atol, double *rtol)
      * rounding boundary may round to the neighbour of the exact result's rounding */
     double out_eps = c->outd == PA_DTYPE_F32 ? 0 : c->outd == PA_DTYPE_F16 ? 1.0 / 1024 : 1.0 / 128;
     double p_eps = c->cache == PA_DTYPE_F16 ? 1.0 / 2048 : c->cache == PA_DTYPE_BF16 ? 1.0 / 256 : 0;
-    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * fp8_mag(c) : c->vmag > 0 ? c->vmag : 1.0;
+    double vmax = pa_dtype_size(c->cache) == 1 ? c->vscale * fp8_mag(c) : v_mag(c);
     *rtol = out_eps;
     *atol = vmax * (2e-5 + p_eps) + out_eps * 1e-3;
 }
