@@ -606,7 +606,8 @@ static void usage(FILE *f)
             "                   reference backend runs shrunken (tiny) variants of each case;\n"
             "                   `--backend cuda` (alone) measures the GPU: its copy bandwidth,\n"
             "                   decode 64 x 4096 (bf16, f16, fp8 KV), prefill 4096 causal beside\n"
-            "                   PyTorch SDPA (flash) when python3 has torch with CUDA\n"
+            "                   PyTorch SDPA (flash) when python3 has torch with CUDA, over an\n"
+            "                   NHD cache (--layout hnd: HND)\n"
             "  --threads LIST   thread counts (default: 1,<online cores>; 0 = online cores)\n"
             "  --repeats N      timed repetitions per case (default 5; one warm-up run more)\n"
             "  --cases SUBSTR   only cases whose name contains SUBSTR\n"
@@ -742,7 +743,7 @@ int pa_tool_bench(int argc, char **argv)
     g_progress = isatty(2);
 
     /* the cuda backend has a bench of its own (device memory, CUDA events, SDPA beside it) */
-    if (!strcmp(backends, "cuda")) return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter);
+    if (!strcmp(backends, "cuda")) return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter, LAYOUT);
 
     /* backends */
     const pa_backend *bes[8];

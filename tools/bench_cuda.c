@@ -3,8 +3,9 @@
  *
  *   copy    : a 1 GiB device-to-device cudaMemcpy, bytes read + bytes written over time: the
  *             limit for decode (KV bytes read / time as a fraction of it).
- *   decode  : batch 64 x context 4096, 32 query / 8 KV heads x 128, block 16, NHD, the blocks of
- *             all sequences a random permutation of the pool, KV in bf16, f16 and fp8 e4m3.
+ *   decode  : batch 64 x context 4096, 32 query / 8 KV heads x 128, block 16, NHD (or --layout
+ *             hnd), the blocks of all sequences a random permutation of the pool, KV in bf16,
+ *             f16 and fp8 e4m3.
  *   prefill : one 4096-token causal prompt, same heads, bf16: FLOP/s with the causal half
  *             counted (4 * S(S+1)/2 * D * H), beside SDPA (flash) on the same shape, run through
  *             `python3` when it has torch with CUDA (the ratio is time-equivalent throughput).
@@ -27,9 +28,9 @@
 
 #ifndef PA_TOOL_HAVE_CUDA
 
-int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
+int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int layout)
 {
-    (void)quick, (void)repeats, (void)json, (void)filter;
+    (void)quick, (void)repeats, (void)json, (void)filter, (void)layout;
     fprintf(stderr, "bench: this pagedattn was built without the cuda backend's bench "
                     "(configure with -DPAGEDATTN_CUDA=ON)\n");
     return 2;
@@ -151,10 +152,10 @@ typedef struct attn_result {
 } attn_result;
 
 /* One workload: num_seqs sequences of (ctx_len cached tokens, q_len new ones), KV in cache_dt,
- * q/k/v/out in the cache dtype (bf16 for an fp8 cache), on a fresh NHD cache whose blocks are a
- * random permutation of the pool. */
+ * q/k/v/out in the cache dtype (bf16 for an fp8 cache), on a fresh cache of the given layout
+ * whose blocks are a random permutation of the pool. */
 static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, int ctx_len,
-                            int q_len, pa_dtype cache_dt, int reps)
+                            int q_len, pa_dtype cache_dt, int reps, pa_cache_layout layout)
 {
     const int H = 32, HKV = 8, D = 128, BS = 16;
     const int per_seq = (ctx_len + q_len + BS - 1) / BS;
@@ -167,7 +168,7 @@ static attn_result run_attn(pa_context *ctx, cudaStream_t stream, int num_seqs, 
     pa_layer *layer = NULL;
     PK(pa_layer_create(&cfg, &layer));
     pa_cache cache;
-    PK(pa_cache_init(&cache, PA_LAYOUT_NHD, cache_dt, nblocks, BS, HKV, D));
+    PK(pa_cache_init(&cache, layout, cache_dt, nblocks, BS, HKV, D));
     const size_t pool = (size_t)pa_cache_pool_elems(&cache), ces = pa_dtype_size(cache_dt);
     CK(cudaMalloc(&cache.key, pool * ces));
     CK(cudaMalloc(&cache.value, pool * ces));
@@ -302,8 +303,10 @@ static double sdpa_ms(int S, int reps)
     return ms;
 }
 
-int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
+int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int layout)
 {
+    /* --layout: NHD unless hnd was asked for */
+    const pa_cache_layout lay = layout == (int)PA_LAYOUT_HND ? PA_LAYOUT_HND : PA_LAYOUT_NHD;
     const pa_backend *be = pa_backend_find("cuda");
     char why[256] = "";
     if (!be || !pa_backend_available(be, why, sizeof why)) {
@@ -333,10 +336,13 @@ int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
 
     const char *mma = getenv("PAGEDATTN_CUDA_MMA"), *dec = getenv("PAGEDATTN_CUDA_DECODE");
     if (!json) {
-        printf("pagedattn %s bench, cuda backend on %s (sm_%d%d, %d SMs)%s%s%s\n", pa_version_string(),
-               prop.name, prop.major, prop.minor, prop.multiProcessorCount, quick ? ", --quick" : "",
-               mma && mma[0] == '0' ? ", PAGEDATTN_CUDA_MMA=0" : "",
-               dec && dec[0] == '0' ? ", PAGEDATTN_CUDA_DECODE=0" : dec && !strcmp(dec, "simt") ? ", PAGEDATTN_CUDA_DECODE=simt" : "");
+        const char *ord = getenv("PAGEDATTN_CUDA_DEC_ORDER"), *sk = getenv("PAGEDATTN_CUDA_SPLIT_KEYS");
+        printf("pagedattn %s bench, cuda backend on %s (sm_%d%d, %d SMs), %s cache%s%s%s%s%s%s%s%s\n",
+               pa_version_string(), prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+               lay == PA_LAYOUT_HND ? "HND" : "NHD", quick ? ", --quick" : "",
+               mma && mma[0] == '0' ? ", PAGEDATTN_CUDA_MMA=0" : "", dec ? ", PAGEDATTN_CUDA_DECODE=" : "",
+               dec ? dec : "", ord ? ", PAGEDATTN_CUDA_DEC_ORDER=" : "", ord ? ord : "",
+               sk ? ", PAGEDATTN_CUDA_SPLIT_KEYS=" : "", sk ? sk : "");
         printf("copy bandwidth (device to device, %zu MiB, read + write): %.1f GB/s "
                "(min/median/max %.3f/%.3f/%.3f ms)\n\n", cb >> 20, copy_bw / 1e9, copy.min, copy.med, copy.max);
         printf("decode: KV bytes read / median time, frac = that over the copy bandwidth (target >= 80%% "
@@ -353,8 +359,8 @@ int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter)
     for (int i = 0; i < 4; i++) {
         const int decode = i < 3;
         if (filter && !strstr(decode ? "decode" : "prefill", filter)) continue;
-        const attn_result R = decode ? run_attn(ctx, stream, B, C, 1, kvd[i], repeats)
-                                     : run_attn(ctx, stream, 1, 0, S, PA_DTYPE_BF16, repeats);
+        const attn_result R = decode ? run_attn(ctx, stream, B, C, 1, kvd[i], repeats, lay)
+                                     : run_attn(ctx, stream, 1, 0, S, PA_DTYPE_BF16, repeats, lay);
         char name[64];
         if (decode) snprintf(name, sizeof name, "decode %d x %d, KV %s", B, C + 1, pa_dtype_name(kvd[i]));
         else snprintf(name, sizeof name, "prefill %d causal bf16", S);

@@ -12,6 +12,6 @@ int pa_tool_verify(int argc, char **argv);
 int pa_tool_run(int argc, char **argv);
 int pa_tool_bench(int argc, char **argv); /* tools/bench.c */
 /* --backend cuda (tools/bench_cuda.c): device copy bandwidth, decode, prefill, PyTorch SDPA */
-int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter);
+int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int layout);
 
 #endif

@@ -1375,6 +1375,21 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
     }
 }
 
+/* The work item and KV head of a decode block. The grid is (items, KV heads), so the blocks
+ * resident side by side are one KV head's items; with dec_hfast it is one dimension with the KV
+ * head fastest, so the blocks of one item's KV heads run side by side and read neighbouring
+ * bytes of the same cache rows (NHD: a token's heads are adjacent) at about the same time. */
+__device__ __forceinline__ pa_cu_item dec_block(const pa_cu_attn_params &P, int *hk)
+{
+    if (P.dec_hfast) {
+        const unsigned b = blockIdx.x, n = (unsigned)P.num_kv_heads;
+        *hk = (int)(b % n);
+        return P.items[b / n];
+    }
+    *hk = (int)blockIdx.y;
+    return P.items[blockIdx.x];
+}
+
 template <int D, int CD>
 __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
@@ -1386,8 +1401,9 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
     PA_CU_STATIC_SMEM float sh_l[KS][DEC_NR];
     PA_CU_STATIC_SMEM float sh_fin[DEC_NR][2]; /* merged M, L */
 
-    const pa_cu_item it = P.items[blockIdx.x];
-    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    int hk;
+    const pa_cu_item it = dec_block(P, &hk);
+    const int G = P.group, s = it.seq;
     const int tid = (int)threadIdx.x, stream = tid / L, sub = tid % L, d0 = sub * 8;
     const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
     const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
@@ -1754,8 +1770,9 @@ __device__ __forceinline__ void dec_p_frag(const uint16_t (&p)[4], int srcA, int
  * NaN V times a P of 0 stays NaN); lane quad t4
  * supplies K's real dims D/4 t4 + 4 ks .. + 4 in k-step ks (two 16-byte loads per key at head
  * 128, dec_regs); a loop turn takes two 16-key steps with all their loads issued first, as many
- * bytes per warp as one 16-bit step. */
-template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16>
+ * bytes per warp as one 16-bit step. S16: 16-key steps per loop turn over a 16-bit cache (mmat2:
+ * 2, every load of both issued before the first is used). */
+template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16, int S16 = 1>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
@@ -1766,7 +1783,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr bool F8 = CD == PA_DTYPE_FP8_E4M3 || CD == PA_DTYPE_FP8_E5M2;
     constexpr bool BF = F8 ? QB : CD == PA_DTYPE_BF16; /* S^T's operands */
     constexpr bool VB = F8 ? false : BF;               /* O^T's operands */
-    constexpr int SUB = F8 ? 2 : 1;                    /* 16-key steps per loop turn */
+    constexpr int SUB = F8 ? 2 : S16;                  /* 16-key steps per loop turn */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, BF> FK; /* fp8 forms of K and V */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, false> FV;
     PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
@@ -1776,8 +1793,9 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     PA_CU_STATIC_SMEM float sh_fp[NW][16 * 8];                   /* one step, per warp */
     PA_CU_STATIC_SMEM float sh_fin[8][2];
 
-    const pa_cu_item it = P.items[blockIdx.x];
-    const int hk = (int)blockIdx.y, G = P.group, s = it.seq;
+    int hk;
+    const pa_cu_item it = dec_block(P, &hk);
+    const int G = P.group, s = it.seq;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
     const int64_t tile_end = min((int64_t)it.row0 + PA_CU_TILE_ROWS, nrows);
@@ -1853,7 +1871,8 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             if constexpr (F8)
                 dec_load_step8<D>(P, table, jt + 16 * h, kbeg, kend, g, t4, head_off, kc8, vc8, rr[h]);
             else
-                dec_load_step<KC, VW, NT>(P, table, jt, kbeg, kend, g, t4, head_off, kc, vc, rr[h].k, rr[h].v);
+                dec_load_step<KC, VW, NT>(P, table, jt + 16 * h, kbeg, kend, g, t4, head_off, kc, vc, rr[h].k,
+                                          rr[h].v);
         }
 #pragma unroll
         for (int h = 0; h < SUB; h++) {
@@ -2064,6 +2083,7 @@ dec_fn dec_pick_mma_cd(int variant)
     switch (variant) {
     case PA_CU_DEC_MMAT: return decode_mmat_kernel<D, CD, 1, QB>;
     case PA_CU_DEC_MMAT4: return decode_mmat_kernel<D, CD, 4, QB>;
+    case PA_CU_DEC_MMAT2: return decode_mmat_kernel<D, CD, 1, QB, 2>;
     default: return nullptr;
     }
 }
@@ -2201,7 +2221,8 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
     if (n_dec > 0) {
         pa_cu_attn_params pd = *p;
         pd.items = plan->small_items;
-        dim3 grid((unsigned)n_dec, (unsigned)p->num_kv_heads);
+        pd.dec_hfast = ctx->dec_heads_fast && n_dec * p->num_kv_heads <= INT32_MAX;
+        dim3 grid = pd.dec_hfast ? dim3((unsigned)(n_dec * p->num_kv_heads)) : dim3((unsigned)n_dec, (unsigned)p->num_kv_heads);
         PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
     }

@@ -150,6 +150,7 @@ typedef struct pa_cu_ctx {
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
+    bool dec_heads_fast; /* decode blocks ordered KV head fastest (PAGEDATTN_CUDA_DEC_ORDER) */
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
 } pa_cu_ctx;
 
@@ -166,9 +167,10 @@ typedef struct pa_cu_ctx {
  * 16-byte cache loads; without them ldm runs. */
 enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA32, PA_CU_PF_COUNT };
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4, for A/B runs; the
- * default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel without
- * tensor cores, mmat = tensor-core decode (S^T = K Q^T), mmat4 = capped at 128 registers. The
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4|mmat2, for A/B runs;
+ * the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel
+ * without tensor cores, mmat = tensor-core decode (S^T = K Q^T), mmat4 = capped at 128
+ * registers, mmat2 = mmat with two 16-key steps' loads issued per loop turn (16-bit caches). The
  * tensor-core ones apply to 16-bit q == cache dtype and to fp8 caches under 16-bit q (one
  * kernel, 4 blocks, whichever of the two), head size 64/128; other layers take simt. */
 enum {
@@ -176,6 +178,7 @@ enum {
     PA_CU_DEC_SIMT,
     PA_CU_DEC_MMAT,
     PA_CU_DEC_MMAT4,
+    PA_CU_DEC_MMAT2,
 };
 /* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, the
  * general SIMT kernel 17.4%; variants with an L2 prefetch of the next step (58.8%, and 54.9%
@@ -261,6 +264,7 @@ typedef struct pa_cu_attn_params {
     int32_t bs_block, bs_local, bs_vert;
     float k_scale, v_scale; /* 1 for non-fp8 caches */
     int32_t vec8;           /* cache K/V loads 8 elements at a time (see load8) */
+    int32_t dec_hfast;      /* decode grid: one dimension, KV head fastest (see dec_block) */
     int32_t fa_o16;         /* fa tiles: 16-bit outputs in 16-byte row pieces (0: per element) */
     int32_t q_dtype, kv_dtype, out_dtype, cache_dtype;
     const void *q;

@@ -129,7 +129,7 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
         ctx->use_mma = !(e && e[0] == '0');
         /* PAGEDATTN_CUDA_DECODE: which kernel short queries take (for A/B runs) */
-        static const char *const names[] = {"off", "simt", "mmat", "mmat4"};
+        static const char *const names[] = {"off", "simt", "mmat", "mmat4", "mmat2"};
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
         ctx->decode_variant = PA_CU_DEC_DEFAULT;
         for (int i = 0; d && i < (int)(sizeof names / sizeof names[0]); i++)
@@ -139,6 +139,10 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *sk = getenv("PAGEDATTN_CUDA_SPLIT_KEYS");
         const long v = sk ? strtol(sk, NULL, 10) : 0;
         ctx->split_keys = v >= 64 && v <= 8192 && v % 32 == 0 ? (int)v : PA_CU_SPLIT_KEYS;
+        /* PAGEDATTN_CUDA_DEC_ORDER=heads|items: decode blocks of one work item's KV heads side
+         * by side, or each KV head's items side by side (A/B) */
+        const char *order = getenv("PAGEDATTN_CUDA_DEC_ORDER");
+        ctx->dec_heads_fast = order && !strcmp(order, "heads");
         /* PAGEDATTN_CUDA_PREFILL: the tensor-core prefill kernel (A/B runs; PA_CU_PF_* order) */
         static const char *const pnames[PA_CU_PF_COUNT] = {"fa", "fa-ldg", "ldm", "fa-st", "fa32"};
         const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");

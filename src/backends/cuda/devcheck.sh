@@ -10,7 +10,10 @@
 # time-boxed; a failed step is reported and the script goes on; the summary table comes last.
 # FOCUS=prefill skips the decode A/B runs, FOCUS=decode the prefill variants' grid runs, A/B
 # runs and Nsight Compute reports; CPU_NATIVE=DIR adds the cpu backend's ISA tests and
-# speed runs on this host's CPU (DIR: a CPU-only build, devpack.sh's build-devbin/cpu).
+# speed runs on this host's CPU (DIR: a CPU-only build, devpack.sh's build-devbin/cpu; CPU_BENCH=0:
+# the tests only); CPU_AB="DIR[:ISA] ..." times CPU builds against each other beside phase 3;
+# DEC_AB names the decode A/B variants (below); DEADLINE_S bounds the run (see step); PYTEST=0
+# skips the Python suite.
 # Exit status: number of failed steps.
 set -u
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -29,6 +32,14 @@ T0=$(date +%s)
 step() { # step NAME TIMEOUT_S CMD...   (result line in $LOGS/NAME.sum)
     local name=$1 limit=$2; shift 2
     local t0=$(date +%s)
+    # DEADLINE_S: no step starts later than that many seconds into the run, and none runs past it
+    # (so the summary and the log tarball come back inside the device tool's time limit)
+    local left=$(( ${DEADLINE_S:-1000000} - (t0 - T0) ))
+    if [ "$left" -le 5 ]; then
+        printf '%-16s %-12s\n' "$name" "SKIP(deadline)" >"$LOGS/$name.sum"
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$? t=$(( $(date +%s) - t0 ))
     local verdict=ok
@@ -42,8 +53,10 @@ finish() {
     echo
     echo "=== devcheck summary ($(( $(date +%s) - T0 )) s; logs in $LOGS)"
     cat "$LOGS"/*.sum
+    [ -f "$LOGS/cpu_ab.txt" ] && { echo "--- cpu A/B (min med max ms, fraction of the limit)"; cat "$LOGS/cpu_ab.txt"; }
+    [ -f "$LOGS/dec_ab.txt" ] && { echo "--- decode A/B (bf16 and fp8 medians, fraction of the copy bandwidth)"; cat "$LOGS/dec_ab.txt"; }
     local fails
-    fails=$(grep -vc -E '^[^ ]+ +(ok|SKIP) ' "$LOGS"/*.sum | awk -F: '{s += $2} END {print s + 0}')
+    fails=$(grep -vc -E '^[^ ]+ +(ok|SKIP)[ (]' "$LOGS"/*.sum | awk -F: '{s += $2} END {print s + 0}')
     [ -n "${OUT:-}" ] && tar czf "$OUT/devcheck-logs.tgz" -C "$BUILD" logs
     exit "$fails"
 }
@@ -78,10 +91,15 @@ step large_cache 120 "$T/test_large_cache" & # (device pools of up to 2 x 16 GiB
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
-for v in simt mmat4; do
+for v in simt mmat4 mmat2; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
+# decode blocks with the KV head fastest (PAGEDATTN_CUDA_DEC_ORDER=heads), alone and with mmat2
+PAGEDATTN_CUDA_DEC_ORDER=heads step grid_heads 150 "$T/test_cuda_grid" "decoder" &
+PAGEDATTN_CUDA_DEC_ORDER=heads step splits_heads 90 "$T/test_cuda_splits" &
+PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step grid_heads2 150 "$T/test_cuda_grid" "decoder" &
+PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=simt step grid_heads_simt 150 "$T/test_cuda_grid" "decoder" &
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
 for v in fa-ldg fa-st fa32 ldm; do
     [ "${FOCUS:-}" = decode ] && break
@@ -119,6 +137,9 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step memcheck_dec_h2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step racecheck_dec_h2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DEC_ORDER=heads step memcheck_dec_heads 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
     echo "compute-sanitizer not found" >"$LOGS/sanitizer.log"
@@ -129,16 +150,52 @@ fi
 # 64 x 4096 in bf16/f16/fp8, prefill 4096 causal beside PyTorch SDPA, CUDA-graph replay check),
 # as shipped, then decode with each variant of the decode kernel and prefill without tensor
 # cores (A/B).
-step bench 120 "$CLI" bench --backend cuda
-if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu) this time
-    for v in mmat4 simt off; do
-        PAGEDATTN_CUDA_DECODE=$v step bench_dec_$v 60 "$CLI" bench --backend cuda --cases decode
-    done
-    for k in 256 1024; do
-        PAGEDATTN_CUDA_SPLIT_KEYS=$k step bench_split$k 60 "$CLI" bench --backend cuda --cases decode
-    done
+# CPU_AB="DIR[:ISA] ..." (CPU-only builds, each with tools/pagedattn): the cpu backend's bf16
+# decode (two rounds) and prefill (one) on one core of this host, each entry on path ISA
+# (default avx512bf16), beside the GPU runs below (which use another core)
+if [ -n "${CPU_AB:-}" ]; then
+    PIN=""
+    command -v taskset >/dev/null 2>&1 && PIN="taskset -c $((JOBS - 1))"
+    (for r in 1 2; do
+        for e in $CPU_AB; do
+            d=${e%%:*} isa=avx512bf16
+            [ "$d" != "$e" ] && isa=${e#*:}
+            for c in "decode b16 x 4096 bf16" "prefill 2048 causal bf16"; do
+                # (a prefill row times 16 layers per repeat: ~40 s a run there; one round)
+                [ $r = 2 ] && [ "${c%% *}" = prefill ] && continue
+                PAGEDATTN_CPU_ISA=$isa step "cpu_ab_$(basename "$d")-${isa}_${c%% *}.$r" 120 \
+                    $PIN "$d/tools/pagedattn" bench --cases "$c" --threads 1 --repeats 5
+            done
+        done
+    done) &
+    CPU_AB_PID=$!
 fi
-[ "${FOCUS:-}" != prefill ] && PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
+step bench 120 "$CLI" bench --backend cuda
+# decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L] variants, run in two rounds in
+# opposite orders (NAME base: as shipped); default: the kernel variants, block order, cache
+# layout and split lengths
+DEC_AB=${DEC_AB:-"base= heads=PAGEDATTN_CUDA_DEC_ORDER=heads mmat2=PAGEDATTN_CUDA_DECODE=mmat2
+heads2=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_DECODE=mmat2 hnd=/--layout=hnd
+heads-hnd=PAGEDATTN_CUDA_DEC_ORDER=heads/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4
+heads-s1024=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024"}
+dec_ab() { # dec_ab ROUND VARIANT...
+    local r=$1; shift
+    for x in "$@"; do
+        local name=${x%%=*} rest=${x#*=} envs opts=""
+        envs=${rest%%/*}
+        [ "$envs" != "$rest" ] && opts=$(echo "${rest#*/}" | tr '=' ' ')
+        step bench_dec_$name.$r 60 env $(echo "$envs" | tr ',' ' ') "$CLI" bench --backend cuda --cases decode $opts
+    done
+}
+if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu) this time
+    dec_ab 1 $DEC_AB
+    dec_ab 2 $(echo $DEC_AB | tr ' ' '\n' | tac)
+    grep -h -E "KV (bf16|fp8)" "$LOGS"/bench_dec_*.log >/dev/null 2>&1 &&
+        for f in "$LOGS"/bench_dec_*.log; do
+            printf '%-28s %s\n' "$(basename "$f" .log)" "$(grep -E 'KV (bf16|fp8)' "$f" | awk '{printf "%s med %s ms %s  ", $6, $8, $12}')"
+        done >"$LOGS/dec_ab.txt"
+fi
+[ -z "${FOCUS:-}" ] && PAGEDATTN_CUDA_MMA=0 step bench_prefill_simt 90 "$CLI" bench --backend cuda --cases prefill
 # prefill variants, two rounds in opposite orders, beside earlier builds: AB_BUILDS lists
 # DIR[:VARIANT] (DIR holding tools/pagedattn and libpagedattn.so of an earlier commit, run with
 # PAGEDATTN_CUDA_PREFILL=VARIANT when given)
@@ -164,9 +221,12 @@ done
 # Where the decode time goes: Nsight Compute on one decode-kernel launch of the bench (bf16)
 # (memory throughput against the peak, achieved occupancy, stall reasons), clocks left alone.
 if command -v ncu >/dev/null 2>&1 && [ "${FOCUS:-}" != prefill ]; then
-    step ncu_decode 90 ncu --clock-control none --kernel-name regex:decode --launch-skip 3 \
-        --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda
+    for o in items heads; do
+        PAGEDATTN_CUDA_DEC_ORDER=$o step ncu_decode_$o 90 ncu --clock-control none --kernel-name regex:decode \
+            --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis_Tables --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section LaunchStats "$CLI" bench --backend cuda --cases decode
+    done
     # the same for the fp8 (E4M3, bf16 q) decode kernel, with the instruction mix
     step ncu_decode_fp8 90 ncu --clock-control none --kernel-name-base demangled \
         --kernel-name "regex:decode_mmat_kernel<128, 3" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
@@ -193,15 +253,21 @@ if command -v ncu >/dev/null 2>&1; then
         step ncu_prefill_sass 60 ncu --import "$LOGS/prefill_src.ncu-rep" --page source --csv --print-source sass
     fi
 fi
-if [ -n "${CPU_NATIVE:-}" ]; then
+if [ -n "${CPU_NATIVE:-}" ] && [ "${CPU_BENCH:-1}" != 0 ]; then
     # the cpu backend's x86 paths side by side on this host, threads 1 and all: the bf16 cases
-    # (CPU_CASES: another --cases filter)
+    # (CPU_CASES: another --cases filter; CPU_BENCH=0: none)
     for isa in avx2 avx512 avx512bf16; do
         PAGEDATTN_CPU_ISA=$isa step cpu_bench_$isa 90 "$CPU_NATIVE/tools/pagedattn" bench \
             --cases "${CPU_CASES:-bf16}" --threads "1,$JOBS" --repeats 3
     done
 fi
+if [ -n "${CPU_AB_PID:-}" ]; then
+    wait "$CPU_AB_PID"
+    for f in "$LOGS"/cpu_ab_*.log; do
+        printf '%-34s %s\n' "$(basename "$f" .log)" "$(grep -E '^(decode|prefill) ' "$f" | awk '{for (i = 1; i < NF; i++) if ($i == "cpu") break; printf "%s %s %s ms  %s  ", $(i + 2), $(i + 3), $(i + 4), $NF}')"
+    done >"$LOGS/cpu_ab.txt"
+fi
 # The Python package's suite against this build (torch is there, so test_torch runs too).
-PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
+[ "${PYTEST:-1}" != 0 ] && PAGEDATTN_LIBRARY="$ROOT/$BUILD/libpagedattn.so" PYTHONPATH="$ROOT/python" \
     step pytest 120 python3 -m pytest -q -rf --maxfail=30 -p no:cacheprovider python/tests
 finish
