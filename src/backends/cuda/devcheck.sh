@@ -53,6 +53,7 @@ finish() {
     echo
     echo "=== devcheck summary ($(( $(date +%s) - T0 )) s; logs in $LOGS)"
     cat "$LOGS"/*.sum
+    [ -s "$LOGS/resusage.log" ] && { echo "--- decode kernels' resources"; cat "$LOGS/resusage.log"; }
     [ -f "$LOGS/cpu_ab.txt" ] && { echo "--- cpu A/B (min med max ms, fraction of the limit)"; cat "$LOGS/cpu_ab.txt"; }
     [ -f "$LOGS/dec_ab.txt" ] && { echo "--- decode A/B (bf16 and fp8 medians, fraction of the copy bandwidth)"; cat "$LOGS/dec_ab.txt"; }
     local fails
@@ -76,6 +77,8 @@ fi
 CLI="$BUILD/tools/pagedattn"
 T="$BUILD/tests"
 step info 30 "$CLI" info
+# registers, stack and shared memory of the decode kernels (what decides blocks per SM)
+command -v cuobjdump >/dev/null 2>&1 && step resusage 30 bash -c "cuobjdump -res-usage '$BUILD/libpagedattn.so' 2>&1 | grep -A1 -E 'decode_mmat|decode_kernel' | grep -E 'Function|REG' | paste - - | sed -E 's/Function ([^ ]*):.*(REG:[0-9]+ STACK:[0-9]+ SHARED:[0-9]+).*/\\2 \\1/'"
 
 # CPU_NATIVE=DIR (a CPU-only build with the cpu tests and tools, devpack.sh's build-devbin/cpu):
 # the cpu backend's ISA tests on this host's CPU beside phase 1 (bench/check_cpu_native.sh,
