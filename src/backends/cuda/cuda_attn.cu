@@ -1323,15 +1323,18 @@ __device__ __forceinline__ void dec_cvt(const uint4 &r, float (&x)[8])
     }
 }
 
-/* The end of a decode tile: KS key streams' states (acc[k][r][d] unnormalized, w[k][r] = m,
- * lsum[k][r] = l) merged in stream order, then either finished (sinks once, normalized, LSE)
- * or written as split `split`'s partial for the combine kernel. Called by the whole block after
- * a barrier that follows the writes of acc, w and lsum; rows rg .. rg + nr - 1. */
-template <int D, int KS, int NR>
-__device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D], float (*w)[NR],
+/* The end of a decode tile: KS key streams' states (acc[k][r][d] unnormalized, rows S floats
+ * apart; w[k][r] = m, lsum[k][r] = l) merged in stream order, then either finished (sinks once,
+ * normalized, LSE) or written as split `split`'s partial for the combine kernel. Called by the
+ * whole block after a barrier that follows the writes of acc, w and lsum; rows rg .. rg + nr - 1.
+ * Each row's head, destination and scale are worked out once (threads 0 .. nr - 1), so the
+ * per-element loop is a weighted sum and a store. */
+template <int D, int KS, int NR, int S = D>
+__device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][S], float (*w)[NR],
                                 float (*lsum)[NR], float (*fin)[2], int nr, int64_t rg, int hk,
                                 int s, int64_t q0, int ns, int split)
 {
+    PA_CU_STATIC_SMEM int64_t row_dst[NR]; /* output element offset of (row, dim 0), or the partial's index */
     const int tid = (int)threadIdx.x, G = P.group;
     if (tid < nr) {
         const int r = tid;
@@ -1343,8 +1346,20 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
             w[k][r] = wk;
             Ls += lsum[k][r] * wk;
         }
-        fin[r][0] = M;
-        fin[r][1] = Ls;
+        const int64_t row = rg + r, t = row / G;
+        const int h = hk * G + (int)(row - t * G);
+        if (ns == 1) {
+            const float a = add_sink(P, h, M, Ls);
+            const bool empty = Ls == 0.f; /* NaN: a poisoned row, stored NaN */
+            fin[r][0] = empty ? 0.f : a / Ls; /* an empty row's sum is exactly +0: stored 0 */
+            row_dst[r] = (q0 + t) * P.out_rs + (int64_t)h * D;
+            if (P.lse) P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : M + logf(Ls);
+        } else {
+            const int64_t part = P.part_base[s] + (t * P.num_heads + h) * ns + split;
+            row_dst[r] = part;
+            P.ws_ml[2 * part] = M;
+            P.ws_ml[2 * part + 1] = Ls;
+        }
     }
     __syncthreads();
     for (int idx = tid; idx < nr * D; idx += (int)blockDim.x) {
@@ -1354,24 +1369,8 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][D],
             const float wk = w[k][r];
             if (!masked_weight(wk)) o += acc[k][r][d] * wk; /* an underflowed weight keeps a NaN */
         }
-        const int64_t row = rg + r, t = row / G;
-        const int h = hk * G + (int)(row - t * G);
-        float mm = fin[r][0], ll = fin[r][1];
-        if (ns == 1) {
-            const float a = add_sink(P, h, mm, ll);
-            const bool empty = ll == 0.f; /* NaN: a poisoned row, stored NaN */
-            pa_cu_store(P.out_dtype, P.out, (q0 + t) * P.out_rs + (int64_t)h * D + d,
-                        empty ? 0.f : o * (a / ll));
-            if (P.lse && d == 0)
-                P.lse[(q0 + t) * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : mm + logf(ll);
-        } else {
-            const int64_t part = P.part_base[s] + (t * P.num_heads + h) * ns + split;
-            P.ws_acc[part * D + d] = o;
-            if (d == 0) {
-                P.ws_ml[2 * part] = mm;
-                P.ws_ml[2 * part + 1] = ll;
-            }
-        }
+        if (ns == 1) pa_cu_store(P.out_dtype, P.out, row_dst[r] + d, o * fin[r][0]);
+        else P.ws_acc[row_dst[r] * D + d] = o;
     }
 }
 
@@ -1537,6 +1536,27 @@ __device__ __forceinline__ int64_t dec_key_off(const pa_cu_attn_params &P, const
     return (int64_t)table[j / P.c_bs] * P.c_block + (int64_t)(j % P.c_bs) * P.c_token;
 }
 
+/* Keys of a 16-key step (jb a multiple of 16) share one block when the block size is a power
+ * of two >= 16 (the usual 16, 32, ...): one table lookup serves the step, and key jb + i sits
+ * i tokens after key jb. dec_step_key_off: key j's element offset, given the step's (one_block:
+ * the shared lookup in step_off) or by its own lookup. */
+struct dec_step {
+    bool one_block;
+    int64_t step_off;
+};
+__device__ __forceinline__ dec_step dec_step_of(const pa_cu_attn_params &P, const int32_t *table, int jb, int kend)
+{
+    dec_step st; /* (a step at or past kend loads nothing: no lookup, the table may end before it) */
+    st.one_block = P.c_bs_log2 >= 4;
+    st.step_off = st.one_block && jb < kend ? dec_key_off(P, table, jb) : 0;
+    return st;
+}
+__device__ __forceinline__ int64_t dec_step_key_off(const pa_cu_attn_params &P, const int32_t *table,
+                                                    const dec_step &st, int jb, int j)
+{
+    return st.one_block ? st.step_off + (int64_t)(j - jb) * P.c_token : dec_key_off(P, table, j);
+}
+
 /* One 16-key step of a tensor-core decode warp (keys jb .. jb + 15, only those in [kbeg, kend)
  * read; the rest zero): K rows jb + g and jb + 8 + g, real dims 32c + 8t4 .. + 8 (KC loads of 16
  * bytes each); V rows jb + {2t4, 2t4 + 1, 8 + 2t4, 9 + 2t4}, real dims [NT g, NT g + NT) (VW
@@ -1547,11 +1567,12 @@ __device__ __forceinline__ void dec_load_step(const pa_cu_attn_params &P, const 
                                               const uint16_t *kc, const uint16_t *vc,
                                               uint4 (&kr)[2][KC], uint4 (&vr)[4][VW])
 {
+    const dec_step st = dec_step_of(P, table, jb, kend);
 #pragma unroll
     for (int T = 0; T < 2; T++) {
         const int j = jb + 8 * T + g;
         if (j >= kbeg && j < kend) {
-            const int64_t base = dec_key_off(P, table, j) + head_off + 8 * t4;
+            const int64_t base = dec_step_key_off(P, table, st, jb, j) + head_off + 8 * t4;
 #pragma unroll
             for (int cc = 0; cc < KC; cc++) kr[T][cc] = *(const uint4 *)(kc + base + 32 * cc);
         } else {
@@ -1563,7 +1584,7 @@ __device__ __forceinline__ void dec_load_step(const pa_cu_attn_params &P, const 
     for (int i = 0; i < 4; i++) {
         const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
         if (j >= kbeg && j < kend) {
-            const int64_t base = dec_key_off(P, table, j) + head_off + NT * g;
+            const int64_t base = dec_step_key_off(P, table, st, jb, j) + head_off + NT * g;
 #pragma unroll
             for (int w = 0; w < VW; w++) vr[i][w] = *(const uint4 *)(vc + base + 8 * w);
         } else {
@@ -1701,11 +1722,12 @@ __device__ __forceinline__ void dec_load_step8(const pa_cu_attn_params &P, const
                                                int kend, int g, int t4, int64_t head_off, const uint8_t *kc,
                                                const uint8_t *vc, dec_regs<D, true> &r)
 {
+    const dec_step st = dec_step_of(P, table, jb, kend);
 #pragma unroll
     for (int T = 0; T < 2; T++) {
         const int j = jb + 8 * T + g;
         if (j >= kbeg && j < kend) {
-            const int64_t base = dec_key_off(P, table, j) + head_off + (D / 4) * t4;
+            const int64_t base = dec_step_key_off(P, table, st, jb, j) + head_off + (D / 4) * t4;
 #pragma unroll
             for (int cc = 0; cc < D / 64; cc++) r.k[T][cc] = *(const uint4 *)(kc + base + 16 * cc);
         } else {
@@ -1718,7 +1740,7 @@ __device__ __forceinline__ void dec_load_step8(const pa_cu_attn_params &P, const
         const int j = jb + 8 * (i >> 1) + 2 * t4 + (i & 1);
         r.v[i][0] = make_uint4(0u, 0u, 0u, 0u);
         if (j >= kbeg && j < kend) {
-            const uint8_t *p = vc + dec_key_off(P, table, j) + head_off + (D / 8) * g;
+            const uint8_t *p = vc + dec_step_key_off(P, table, st, jb, j) + head_off + (D / 8) * g;
             if (D == 128) {
                 r.v[i][0] = *(const uint4 *)p;
             } else {
@@ -1728,6 +1750,9 @@ __device__ __forceinline__ void dec_load_step8(const pa_cu_attn_params &P, const
         }
     }
 }
+
+/* The tensor-core decode's lazy rescale threshold: ln 256 */
+constexpr float DEC_LAZY_LN = 5.545177444479562f;
 
 /* P^T fragments of the tensor-core decode from a lane's 16-bit probabilities p (rows 2t4 and
  * 2t4 + 1 of keys g and g + 8 of S^T): b0 = (P[key 2t4][row g], P[key 2t4 + 1][row g]), b1 the
@@ -1786,7 +1811,10 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr int SUB = F8 ? 2 : S16;                  /* 16-key steps per loop turn */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, BF> FK; /* fp8 forms of K and V */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, false> FV;
-    PA_CU_STATIC_SMEM float sh_acc[NW][8][D];
+    /* rows padded by 2 floats: the accumulators' 8-byte stores below hit each bank at most twice
+     * per half-warp (unpadded, a warp's 4-byte stores fell on 2 banks: 16-way conflicts) */
+    constexpr int AS = D + 2;
+    PA_CU_STATIC_SMEM __align__(8) float sh_acc[NW][8][AS];
     PA_CU_STATIC_SMEM float sh_w[NW][8];
     PA_CU_STATIC_SMEM float sh_l[NW][8];
     PA_CU_STATIC_SMEM __align__(16) uint16_t sh_fv[NW][16 * D]; /* masked keys with non-finite V: */
@@ -1961,12 +1989,20 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            /* lazy rescale: the row's reference maximum moves (and O and l are rescaled) only
+             * when a logit exceeds it by more than ln 256, so most steps skip the D/4 multiplies;
+             * the weights stay <= 256, well inside f16 and bf16 (the prefill tiles do the same) */
             const float m_new = fmaxf(m[r], mx);
-            const float alpha = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
-            const float p0 = x[r] == -INFINITY ? 0.f : expf(x[r] - m_new);
-            const float p1 = x[2 + r] == -INFINITY ? 0.f : expf(x[2 + r] - m_new);
-            l[r] = l[r] * alpha + (p0 + p1);
-            m[r] = m_new;
+            if (m_new > m[r] + DEC_LAZY_LN) {
+                const float alpha = expf(m[r] - m_new); /* 0 when m was -inf or m_new is +inf */
+                l[r] *= alpha;
+#pragma unroll
+                for (int n = 0; n < MT; n++) o[n][r] *= alpha, o[n][2 + r] *= alpha;
+                m[r] = m_new;
+            }
+            const float p0 = x[r] == -INFINITY ? 0.f : expf(x[r] - m[r]);
+            const float p1 = x[2 + r] == -INFINITY ? 0.f : expf(x[2 + r] - m[r]);
+            l[r] += p0 + p1;
             p16[r] = f32_to_16(p0, VB);
             p16[2 + r] = f32_to_16(p1, VB);
             if (F8) {
@@ -1974,8 +2010,6 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
                 plo[r] = f32_to_16(p0 - f16_to_32(p16[r], false), false);
                 plo[2 + r] = f32_to_16(p1 - f16_to_32(p16[2 + r], false), false);
             }
-#pragma unroll
-            for (int n = 0; n < MT; n++) o[n][r] *= alpha, o[n][2 + r] *= alpha;
         }
         uint32_t pb[2], pl[2];
         dec_p_frag(p16, srcA, srcB, hi_half, pb);
@@ -2053,15 +2087,16 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             /* fp8: the forms' ratio first (exact), then v_scale, as decode_kernel rounds */
-            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt] = F8 ? o[mt][r] * vratio * P.v_scale : o[mt][r];
-            sh_acc[warp][2 * t4 + r][NT * g + 2 * mt + 1] = F8 ? o[mt][2 + r] * vratio * P.v_scale : o[mt][2 + r];
+            *(float2 *)&sh_acc[warp][2 * t4 + r][NT * g + 2 * mt] =
+                F8 ? make_float2(o[mt][r] * vratio * P.v_scale, o[mt][2 + r] * vratio * P.v_scale)
+                   : make_float2(o[mt][r], o[mt][2 + r]);
         }
     if (g == 0) {
         sh_w[warp][2 * t4] = m[0], sh_w[warp][2 * t4 + 1] = m[1];
         sh_l[warp][2 * t4] = l[0], sh_l[warp][2 * t4 + 1] = l[1];
     }
     __syncthreads();
-    dec_merge_store<D, NW, 8>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
+    dec_merge_store<D, NW, 8, AS>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
 }
 
 /* The decode kernel for (head size, cache dtype), or NULL when it has none. */

@@ -174,9 +174,9 @@ if [ -n "${CPU_AB:-}" ]; then
     CPU_AB_PID=$!
 fi
 step bench 120 "$CLI" bench --backend cuda
-# decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L] variants, run in two rounds in
-# opposite orders (NAME base: as shipped); default: the kernel variants, block order, cache
-# layout and split lengths
+# decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
+# opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
+# commit); default: the kernel variants, block order, cache layout and split lengths
 DEC_AB=${DEC_AB:-"base= heads=PAGEDATTN_CUDA_DEC_ORDER=heads mmat2=PAGEDATTN_CUDA_DECODE=mmat2
 heads2=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_DECODE=mmat2 hnd=/--layout=hnd
 heads-hnd=PAGEDATTN_CUDA_DEC_ORDER=heads/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4
@@ -184,10 +184,12 @@ heads-s1024=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1024=
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift
     for x in "$@"; do
+        local cli=$CLI
+        case "$x" in *@*) cli=${x##*@}/tools/pagedattn; x=${x%@*} ;; esac
         local name=${x%%=*} rest=${x#*=} envs opts=""
         envs=${rest%%/*}
         [ "$envs" != "$rest" ] && opts=$(echo "${rest#*/}" | tr '=' ' ')
-        step bench_dec_$name.$r 60 env $(echo "$envs" | tr ',' ' ') "$CLI" bench --backend cuda --cases decode $opts
+        step bench_dec_$name.$r 60 env $(echo "$envs" | tr ',' ' ') "$cli" bench --backend cuda --cases decode $opts
     done
 }
 if [ "${FOCUS:-}" != prefill ]; then # FOCUS=prefill: no decode A/B (nor its ncu) this time
