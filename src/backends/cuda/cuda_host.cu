@@ -140,9 +140,10 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const long v = sk ? strtol(sk, NULL, 10) : 0;
         ctx->split_keys = v >= 64 && v <= 8192 && v % 32 == 0 ? (int)v : PA_CU_SPLIT_KEYS;
         /* PAGEDATTN_CUDA_DEC_ORDER=heads|items: decode blocks of one work item's KV heads side
-         * by side, or each KV head's items side by side (A/B) */
+         * by side (the default: 76.2% against 75.2% of the copy bandwidth on an H200, decode
+         * 64 x 4096 bf16), or each KV head's items side by side (A/B) */
         const char *order = getenv("PAGEDATTN_CUDA_DEC_ORDER");
-        ctx->dec_heads_fast = order && !strcmp(order, "heads");
+        ctx->dec_heads_fast = !(order && !strcmp(order, "items"));
         /* PAGEDATTN_CUDA_PREFILL: the tensor-core prefill kernel (A/B runs; PA_CU_PF_* order) */
         static const char *const pnames[PA_CU_PF_COUNT] = {"fa", "fa-ldg", "ldm", "fa-st", "fa32"};
         const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");

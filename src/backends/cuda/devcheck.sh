@@ -98,11 +98,12 @@ for v in simt mmat4 mmat2; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
-# decode blocks with the KV head fastest (PAGEDATTN_CUDA_DEC_ORDER=heads), alone and with mmat2
-PAGEDATTN_CUDA_DEC_ORDER=heads step grid_heads 150 "$T/test_cuda_grid" "decoder" &
-PAGEDATTN_CUDA_DEC_ORDER=heads step splits_heads 90 "$T/test_cuda_splits" &
-PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step grid_heads2 150 "$T/test_cuda_grid" "decoder" &
-PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=simt step grid_heads_simt 150 "$T/test_cuda_grid" "decoder" &
+# decode blocks with each KV head's items side by side (PAGEDATTN_CUDA_DEC_ORDER=items; the
+# default puts a work item's KV heads side by side), alone and with mmat2 and simt
+PAGEDATTN_CUDA_DEC_ORDER=items step grid_items 150 "$T/test_cuda_grid" "decoder" &
+PAGEDATTN_CUDA_DEC_ORDER=items step splits_items 90 "$T/test_cuda_splits" &
+PAGEDATTN_CUDA_DEC_ORDER=items PAGEDATTN_CUDA_DECODE=mmat2 step grid_items2 150 "$T/test_cuda_grid" "decoder" &
+PAGEDATTN_CUDA_DEC_ORDER=items PAGEDATTN_CUDA_DECODE=simt step grid_items_simt 150 "$T/test_cuda_grid" "decoder" &
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
 for v in fa-ldg fa-st fa32 ldm; do
     [ "${FOCUS:-}" = decode ] && break
@@ -140,9 +141,9 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step memcheck_dec_h2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DEC_ORDER=heads PAGEDATTN_CUDA_DECODE=mmat2 step racecheck_dec_h2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DEC_ORDER=heads step memcheck_dec_heads 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DECODE=mmat2 step memcheck_dec_m2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DECODE=mmat2 step racecheck_dec_m2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
+    PAGEDATTN_CUDA_DEC_ORDER=items step memcheck_dec_items 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
     echo "compute-sanitizer not found" >"$LOGS/sanitizer.log"
@@ -177,10 +178,9 @@ step bench 120 "$CLI" bench --backend cuda
 # decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
 # opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
 # commit); default: the kernel variants, block order, cache layout and split lengths
-DEC_AB=${DEC_AB:-"base= heads=PAGEDATTN_CUDA_DEC_ORDER=heads mmat2=PAGEDATTN_CUDA_DECODE=mmat2
-heads2=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_DECODE=mmat2 hnd=/--layout=hnd
-heads-hnd=PAGEDATTN_CUDA_DEC_ORDER=heads/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4
-heads-s1024=PAGEDATTN_CUDA_DEC_ORDER=heads,PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024"}
+DEC_AB=${DEC_AB:-"base= items=PAGEDATTN_CUDA_DEC_ORDER=items mmat2=PAGEDATTN_CUDA_DECODE=mmat2
+hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
+s1536=PAGEDATTN_CUDA_SPLIT_KEYS=1536"}
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift
     for x in "$@"; do
