@@ -773,6 +773,16 @@ static void build_cases(void)
     push(c, "prefill16");
     build_fp8_decode_cases();
     build_tiny_v_cases();
+    /* decodes over blocks smaller than a 16-key step (8 and 2 tokens): a device backend's
+     * tensor-core decode step spans several blocks, each key through its own table entry (one
+     * lookup per step serves blocks of 16 or more); bf16 at head 128, f16 at head 64 */
+    c = base_case();
+    c.D = 128, c.H = 8, c.Hkv = 2, c.B = 8, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 600, 3);
+    push(c, "decode");
+    c.D = 64, c.B = 2, c.cache = c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
+    decode_only(&c, 130, 2);
+    push(c, "decode");
 }
 
 int grid_count(void)
