@@ -1795,9 +1795,10 @@ __device__ __forceinline__ void dec_p_frag(const uint16_t (&p)[4], int srcA, int
  * NaN V times a P of 0 stays NaN); lane quad t4
  * supplies K's real dims D/4 t4 + 4 ks .. + 4 in k-step ks (two 16-byte loads per key at head
  * 128, dec_regs); a loop turn takes two 16-key steps with all their loads issued first, as many
- * bytes per warp as one 16-bit step. S16: 16-key steps per loop turn over a 16-bit cache (mmat2:
- * 2, every load of both issued before the first is used). */
-template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16, int S16 = 1>
+ * bytes per warp as one 16-bit step. (Two 16-key steps per turn over a 16-bit cache, every load
+ * of both issued first, took 218 registers and 2 blocks per SM: 56% of the copy bandwidth on an
+ * H200 against 69.5%; removed.) */
+template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
@@ -1808,7 +1809,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     constexpr bool F8 = CD == PA_DTYPE_FP8_E4M3 || CD == PA_DTYPE_FP8_E5M2;
     constexpr bool BF = F8 ? QB : CD == PA_DTYPE_BF16; /* S^T's operands */
     constexpr bool VB = F8 ? false : BF;               /* O^T's operands */
-    constexpr int SUB = F8 ? 2 : S16;                  /* 16-key steps per loop turn */
+    constexpr int SUB = F8 ? 2 : 1;                    /* 16-key steps per loop turn */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, BF> FK; /* fp8 forms of K and V */
     typedef f8form<F8 ? CD : PA_DTYPE_FP8_E4M3, false> FV;
     /* rows padded by 2 floats: the accumulators' 8-byte stores below hit each bank at most twice
@@ -2118,7 +2119,6 @@ dec_fn dec_pick_mma_cd(int variant)
     switch (variant) {
     case PA_CU_DEC_MMAT: return decode_mmat_kernel<D, CD, 1, QB>;
     case PA_CU_DEC_MMAT4: return decode_mmat_kernel<D, CD, 4, QB>;
-    case PA_CU_DEC_MMAT2: return decode_mmat_kernel<D, CD, 1, QB, 2>;
     default: return nullptr;
     }
 }

@@ -167,10 +167,9 @@ typedef struct pa_cu_ctx {
  * 16-byte cache loads; without them ldm runs. */
 enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA32, PA_CU_PF_COUNT };
 
-/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4|mmat2, for A/B runs;
- * the default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel
- * without tensor cores, mmat = tensor-core decode (S^T = K Q^T), mmat4 = capped at 128
- * registers, mmat2 = mmat with two 16-key steps' loads issued per loop turn (16-bit caches). The
+/* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4, for A/B runs; the
+ * default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel without
+ * tensor cores, mmat = tensor-core decode (S^T = K Q^T), mmat4 = capped at 128 registers. The
  * tensor-core ones apply to 16-bit q == cache dtype and to fp8 caches under 16-bit q (one
  * kernel, 4 blocks, whichever of the two), head size 64/128; other layers take simt. */
 enum {
@@ -178,7 +177,6 @@ enum {
     PA_CU_DEC_SIMT,
     PA_CU_DEC_MMAT,
     PA_CU_DEC_MMAT4,
-    PA_CU_DEC_MMAT2,
 };
 /* mmat: 69.5% of the copy bandwidth on an H200 (decode 64 x 4096 bf16); mmat4 63.7%, the
  * general SIMT kernel 17.4%; variants with an L2 prefetch of the next step (58.8%, and 54.9%

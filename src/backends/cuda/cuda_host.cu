@@ -129,7 +129,7 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         const char *e = getenv("PAGEDATTN_CUDA_MMA"); /* 0: long queries on the SIMT kernel */
         ctx->use_mma = !(e && e[0] == '0');
         /* PAGEDATTN_CUDA_DECODE: which kernel short queries take (for A/B runs) */
-        static const char *const names[] = {"off", "simt", "mmat", "mmat4", "mmat2"};
+        static const char *const names[] = {"off", "simt", "mmat", "mmat4"};
         const char *d = getenv("PAGEDATTN_CUDA_DECODE");
         ctx->decode_variant = PA_CU_DEC_DEFAULT;
         for (int i = 0; d && i < (int)(sizeof names / sizeof names[0]); i++)

@@ -94,15 +94,14 @@ step large_cache 120 "$T/test_large_cache" & # (device pools of up to 2 x 16 GiB
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
-for v in simt mmat4 mmat2; do
+for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_DECODE=$v step splits_$v 90 "$T/test_cuda_splits" &
 done
 # decode blocks with each KV head's items side by side (PAGEDATTN_CUDA_DEC_ORDER=items; the
-# default puts a work item's KV heads side by side), alone and with mmat2 and simt
+# default puts a work item's KV heads side by side), alone and with simt
 PAGEDATTN_CUDA_DEC_ORDER=items step grid_items 150 "$T/test_cuda_grid" "decoder" &
 PAGEDATTN_CUDA_DEC_ORDER=items step splits_items 90 "$T/test_cuda_splits" &
-PAGEDATTN_CUDA_DEC_ORDER=items PAGEDATTN_CUDA_DECODE=mmat2 step grid_items2 150 "$T/test_cuda_grid" "decoder" &
 PAGEDATTN_CUDA_DEC_ORDER=items PAGEDATTN_CUDA_DECODE=simt step grid_items_simt 150 "$T/test_cuda_grid" "decoder" &
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
 for v in fa-ldg fa-st fa32 ldm; do
@@ -141,8 +140,6 @@ if [ -n "$SAN" ]; then
     PAGEDATTN_CUDA_PREFILL=ldm step racecheck_ldm 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "prefill16" &
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DECODE=mmat2 step memcheck_dec_m2 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_DECODE=mmat2 step racecheck_dec_m2 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_DEC_ORDER=items step memcheck_dec_items 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
@@ -178,8 +175,7 @@ step bench 120 "$CLI" bench --backend cuda
 # decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
 # opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
 # commit); default: the kernel variants, block order, cache layout and split lengths
-DEC_AB=${DEC_AB:-"base= items=PAGEDATTN_CUDA_DEC_ORDER=items mmat2=PAGEDATTN_CUDA_DECODE=mmat2
-hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
+DEC_AB=${DEC_AB:-"base= items=PAGEDATTN_CUDA_DEC_ORDER=items hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
 s1536=PAGEDATTN_CUDA_SPLIT_KEYS=1536"}
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift
