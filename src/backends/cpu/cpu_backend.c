@@ -32,15 +32,27 @@ const char *pa__cpu_isa_name(pa__cpu_isa isa)
     return (unsigned)isa < PA__ISA_COUNT_ ? names[isa] : "?";
 }
 
-static pa__cpu_isa best_isa(const pa__cpu_features *f)
+static pa__cpu_isa widest_isa(const pa__cpu_features *f)
 {
     for (int i = PA__ISA_COUNT_ - 1; i > PA__ISA_GENERIC; i--) /* at most one family usable */
         if (pa__cpu_isa_usable((pa__cpu_isa)i, f)) return (pa__cpu_isa)i;
     return PA__ISA_GENERIC;
 }
 
+/* The default path: the widest this machine runs, except that the avx512bf16 kernels are the
+ * default on AMD only. On the one Intel CPU measured (a Xeon with AVX512-BF16 and AMX, the host
+ * of a lent GPU machine, twice: bench/NOTES.md nineteenth and twenty-fourth passes) vdpbf16ps
+ * runs at half the FMA rate and the avx512bf16 path was the slower one (one thread: decode
+ * 16 x 4096 bf16 up to 33%, prefill 2048 bf16 18-71%); DESIGN.md expects Zen 4 to issue it at
+ * the FMA's rate, unmeasured. */
+static pa__cpu_isa best_isa(const pa__cpu_features *f)
+{
+    const pa__cpu_isa w = widest_isa(f);
+    return w == PA__ISA_AVX512BF16 && !f->amd ? PA__ISA_AVX512 : w;
+}
+
 /* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
- * silent fallback), else the best this machine runs. */
+ * silent fallback), else best_isa. */
 static pa_status choose_isa(pa__cpu_isa *out)
 {
     pa__cpu_features f;
@@ -128,7 +140,10 @@ static const char *cpu_info(void)
              "bf16 caches: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
-             !(env && *env) ? "best this machine runs"
+             !(env && *env) ? (best != widest_isa(&f) ? "the default here: avx512bf16 runs too, but is the default on "
+                                                        "AMD only (on Intel vdpbf16ps runs at half the FMA rate); "
+                                                        "PAGEDATTN_CPU_ISA=avx512bf16 forces it"
+                                                      : "best this machine runs")
              : st == PA_STATUS_OK ? "forced by PAGEDATTN_CPU_ISA"
                                   : "PAGEDATTN_CPU_ISA asks for it, but it cannot run here: contexts fail",
              f.avx2, f.fma, f.f16c, f.os_ymm, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16,
@@ -138,7 +153,7 @@ static const char *cpu_info(void)
                  ? "built, runs here (its tests passed natively on one Intel Xeon and under SIMDe)"
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
-                 ? "built, runs here (its QK passed the tests natively on one Intel Xeon, its PV only under SIMDe)"
+                 ? "built, runs here (its QK and PV passed the tests natively on one Intel Xeon and under SIMDe)"
                  : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",
