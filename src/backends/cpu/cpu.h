@@ -282,6 +282,9 @@ typedef enum {
 } pa__cpu_isa;
 /* Whether the path is compiled in and this machine can run it. */
 bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f);
+/* The path a context takes without PAGEDATTN_CPU_ISA: the widest usable one, except that
+ * avx512bf16 is the default on AMD only (elsewhere avx512; cpu_backend.c says why). */
+pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f);
 const char *pa__cpu_isa_name(pa__cpu_isa isa);
 
 /* ---- thread pool -------------------------------------------------------------------------- */

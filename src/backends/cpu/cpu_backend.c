@@ -45,21 +45,21 @@ static pa__cpu_isa widest_isa(const pa__cpu_features *f)
  * runs at half the FMA rate and the avx512bf16 path was the slower one (one thread: decode
  * 16 x 4096 bf16 up to 33%, prefill 2048 bf16 18-71%); DESIGN.md expects Zen 4 to issue it at
  * the FMA's rate, unmeasured. */
-static pa__cpu_isa best_isa(const pa__cpu_features *f)
+pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f)
 {
     const pa__cpu_isa w = widest_isa(f);
     return w == PA__ISA_AVX512BF16 && !f->amd ? PA__ISA_AVX512 : w;
 }
 
 /* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
- * silent fallback), else best_isa. */
+ * silent fallback), else pa__cpu_default_isa. */
 static pa_status choose_isa(pa__cpu_isa *out)
 {
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_ISA");
     if (!env || !*env || !strcmp(env, "auto")) {
-        *out = best_isa(&f);
+        *out = pa__cpu_default_isa(&f);
         return PA_STATUS_OK;
     }
     for (int i = 0; i < PA__ISA_COUNT_; i++) {
@@ -113,7 +113,7 @@ static const char *cpu_info(void)
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_ISA"), *env8 = getenv("PAGEDATTN_CPU_FP8");
-    pa__cpu_isa best = best_isa(&f), chosen;
+    pa__cpu_isa best = pa__cpu_default_isa(&f), chosen;
     pa_status st = choose_isa(&chosen);
     bool fp8_bf16 = false;
     pa_status st8 = choose_fp8(&fp8_bf16);
