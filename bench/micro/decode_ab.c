@@ -1,0 +1,190 @@
+/* decode_ab.c: A/B of builds of the library on one decode step, in one process (a development
+ * measurement behind bench/NOTES.md, twenty-fifth pass; not part of the build).
+ *
+ *   gcc -O2 -Iinclude bench/micro/decode_ab.c -o /tmp/decode_ab -ldl
+ *   /tmp/decode_ab build/libpagedattn.so /tmp/other-build/libpagedattn.so [...]
+ *
+ * Each library is dlopen'ed on its own (RTLD_LOCAL, so two builds of the same symbols coexist)
+ * and runs decode 16 x 4096 (32 query / 8 KV heads x 128, HND, each sequence's blocks shuffled
+ * over the pool) on the cpu backend over ONE cache, allocated by the first. Rounds alternate the
+ * libraries (forwards, then backwards), REPS forwards each, so every library sees the same drift
+ * of a shared host; the slow and fast phases of the development VM (bench/NOTES.md, seventeenth
+ * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
+ * checksum of the output (equal for builds that compute the same bits).
+ * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3),
+ * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pagedattn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    void (*layer_config_init)(pa_layer_config *, int32_t, int32_t, int32_t);
+    pa_status (*layer_create)(const pa_layer_config *, pa_layer **);
+    pa_status (*backend_select)(const char *, const pa_layer *, const pa_backend **);
+    pa_status (*batch_create)(const pa_batch_config *, const pa_seq *, int32_t, pa_batch **);
+    pa_status (*context_create)(const pa_backend *, const void *, pa_context **);
+    pa_status (*context_set_num_threads)(pa_context *, int32_t);
+    pa_status (*plan_create)(pa_context *, const pa_layer *, const pa_batch *, pa_plan **);
+    pa_status (*attn_forward)(pa_context *, const pa_layer *, const pa_batch *, const pa_plan *,
+                              const pa_forward_args *);
+    const char *(*last_error)(void);
+    pa_layer *layer;
+    pa_batch *batch;
+    pa_context *ctx;
+    pa_plan *plan;
+} lib;
+
+#define SYM(h, l, f)                                                                                 \
+    do {                                                                                             \
+        *(void **)&(l)->f = dlsym(h, "pa_" #f);                                                      \
+        if (!(l)->f) {                                                                               \
+            fprintf(stderr, "no pa_%s in %s\n", #f, path);                                           \
+            return 1;                                                                                \
+        }                                                                                            \
+    } while (0)
+#define CK(l, x)                                                                                     \
+    do {                                                                                             \
+        if ((x) != PA_STATUS_OK) {                                                                       \
+            fprintf(stderr, "%s: %s\n", #x, (l)->last_error());                                      \
+            return 1;                                                                                \
+        }                                                                                            \
+    } while (0)
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v ? atoi(v) : def;
+}
+
+int main(int argc, char **argv)
+{
+    enum { S = 16, C = 4096, HKV = 8, H = 32, D = 128, BS = 16 };
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s LIBPAGEDATTN.so [...]\n", argv[0]);
+        return 2;
+    }
+    const int nl = argc - 1, thr = env_int("THR", 1), rounds = env_int("ROUNDS", 8), reps = env_int("REPS", 3);
+    const int small = env_int("SMALL", 0);
+    const char *dts = getenv("DT") ? getenv("DT") : "bf16";
+    const pa_dtype cd = !strcmp(dts, "bf16") ? PA_DTYPE_BF16 : !strcmp(dts, "f16") ? PA_DTYPE_F16 : PA_DTYPE_FP8_E4M3;
+    const int nbps = C / BS, nb = S * nbps;
+    lib *libs = calloc((size_t)nl, sizeof(lib));
+    void **handles = calloc((size_t)nl, sizeof(void *));
+    for (int k = 0; k < nl; k++) {
+        const char *path = argv[k + 1];
+        handles[k] = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!handles[k]) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 1;
+        }
+        lib *l = &libs[k];
+        SYM(handles[k], l, layer_config_init);
+        SYM(handles[k], l, layer_create);
+        SYM(handles[k], l, backend_select);
+        SYM(handles[k], l, batch_create);
+        SYM(handles[k], l, context_create);
+        SYM(handles[k], l, context_set_num_threads);
+        SYM(handles[k], l, plan_create);
+        SYM(handles[k], l, attn_forward);
+        SYM(handles[k], l, last_error);
+    }
+
+    /* the cache: allocated by the first library (2 MiB aligned, huge pages advised), values that
+     * are finite in every dtype */
+    pa_status (*cache_init)(pa_cache *, pa_cache_layout, pa_dtype, int64_t, int32_t, int32_t, int32_t);
+    pa_status (*cache_alloc)(pa_cache *);
+    *(void **)&cache_init = dlsym(handles[0], "pa_cache_init");
+    *(void **)&cache_alloc = dlsym(handles[0], "pa_cache_alloc");
+    pa_cache cache;
+    if (!cache_init || !cache_alloc || cache_init(&cache, PA_LAYOUT_HND, cd, nb, BS, HKV, D) || cache_alloc(&cache)) {
+        fprintf(stderr, "cache: %s\n", libs[0].last_error());
+        return 1;
+    }
+    const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_FP8_E4M3 ? 1 : 2);
+    uint64_t x = 1;
+    for (int w = 0; w < 2; w++) {
+        unsigned char *p = w ? cache.value : cache.key;
+        for (size_t i = 0; i < bytes; i += 8) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint64_t v = cd == PA_DTYPE_FP8_E4M3 ? x & 0x7777777777777777ull
+                                                 : (x & 0x3f7f3f7f3f7f3f7full) | 0x3000300030003000ull;
+            memcpy(p + i, &v, 8);
+        }
+    }
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) perm[i] = i;
+    x = 7;
+    for (int i = nb - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    if (small > 0)
+        for (int i = 0; i < nb; i++) perm[i] %= small;
+    pa_seq seqs[S];
+    int64_t slots[S];
+    for (int s = 0; s < S; s++) {
+        seqs[s] = (pa_seq){.context_len = C - 1, .query_len = 1, .block_table = perm + s * nbps, .num_blocks = nbps};
+        slots[s] = -1; /* no new token written: the step only reads */
+    }
+    float *q = malloc(sizeof(float) * S * H * D), *o = malloc(sizeof(float) * S * H * D);
+    for (int64_t i = 0; i < (int64_t)S * H * D; i++) q[i] = (float)((i * 7919) % 200 - 100) / 400.f;
+    for (int k = 0; k < nl; k++) {
+        lib *l = &libs[k];
+        pa_layer_config cfg;
+        l->layer_config_init(&cfg, H, HKV, D);
+        cfg.cache_dtype = cd;
+        CK(l, l->layer_create(&cfg, &l->layer));
+        const pa_backend *be;
+        CK(l, l->backend_select("cpu", l->layer, &be));
+        pa_batch_config bc = {.block_size = BS, .num_blocks = nb, .slot_mapping = slots};
+        CK(l, l->batch_create(&bc, seqs, S, &l->batch));
+        CK(l, l->context_create(be, NULL, &l->ctx));
+        CK(l, l->context_set_num_threads(l->ctx, thr));
+        CK(l, l->plan_create(l->ctx, l->layer, l->batch, &l->plan));
+    }
+    pa_forward_args a = {.q = q, .cache = &cache, .out = o};
+    double *t = malloc(sizeof(double) * (size_t)nl * rounds * reps), *sum = calloc((size_t)nl, sizeof(double));
+    for (int k = 0; k < nl; k++) { /* one warm-up forward each, and its checksum */
+        lib *l = &libs[k];
+        CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &a));
+        for (int i = 0; i < S * H * D; i++) sum[k] += o[i];
+    }
+    for (int r = 0; r < rounds; r++)
+        for (int kk = 0; kk < nl; kk++) {
+            const int k = r & 1 ? nl - 1 - kk : kk;
+            lib *l = &libs[k];
+            for (int e = 0; e < reps; e++) {
+                double t0 = now();
+                CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &a));
+                t[(size_t)k * rounds * reps + (size_t)r * reps + e] = (now() - t0) * 1e3;
+            }
+        }
+    const int n = rounds * reps;
+    for (int k = 0; k < nl; k++) {
+        double *tk = t + (size_t)k * n;
+        qsort(tk, (size_t)n, sizeof(double), cmp);
+        printf("%-44s min %8.3f  p25 %8.3f  med %8.3f ms  (%.2f GB/s at min)  checksum %.9g\n", argv[k + 1], tk[0],
+               tk[n / 4], tk[n / 2], 2.0 * (double)bytes / tk[0] / 1e6, sum[k]);
+    }
+    return 0;
+}
