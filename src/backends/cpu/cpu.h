@@ -61,6 +61,50 @@ static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, 
     }
 }
 
+/* A cursor over the 64-byte lines of pf's rows, for a kernel that prefetches them a line or two
+ * at a time from its innermost loop: even spacing keeps the core's few L1 miss buffers busy
+ * without the bursts that stall on them (Intel cores, 16 buffers: a burst of 64 prefetches
+ * before a PV chunk held the core until most of them had come back). */
+typedef struct pa__cpu_pfc {
+    const pa__cpu_pf *pf; /* NULL: nothing (left) */
+    int i;                /* current row */
+    uintptr_t a, e;       /* next line, end of the row */
+} pa__cpu_pfc;
+
+static inline __attribute__((always_inline)) pa__cpu_pfc pfc_init(const pa__cpu_pf *pf)
+{
+    pa__cpu_pfc c = {NULL, 0, 0, 0};
+    if (pf && pf->n > 0) {
+        c.pf = pf;
+        c.a = (uintptr_t)pf->rows[0] & ~(uintptr_t)63;
+        c.e = (uintptr_t)pf->rows[0] + (uintptr_t)pf->bytes;
+    }
+    return c;
+}
+
+/* Lines a cursor over pf walks where its rows are 64-byte aligned (one more per row at most). */
+static inline int pfc_lines(const pa__cpu_pf *pf)
+{
+    return pf ? pf->n * ((pf->bytes + 63) / 64) : 0;
+}
+
+/* The next k lines (k < 0: all that are left). */
+static inline __attribute__((always_inline)) void pfc_step(pa__cpu_pfc *c, int k)
+{
+    for (; k != 0 && c->pf; k--) {
+        __builtin_prefetch((const void *)c->a, 0, CPU_KPFL);
+        c->a += 64;
+        if (c->a >= c->e) {
+            if (++c->i >= c->pf->n) {
+                c->pf = NULL;
+                break;
+            }
+            c->a = (uintptr_t)c->pf->rows[c->i] & ~(uintptr_t)63;
+            c->e = (uintptr_t)c->pf->rows[c->i] + (uintptr_t)c->pf->bytes;
+        }
+    }
+}
+
 /* Locality of the prefill kernels' prefetches: the rows of the next step, asked for while a
  * qk_t or pv call computes. 2 (PREFETCHT1): measured faster than 3 for f32 prefill, and equal
  * for bf16; 3 (into L1) competes with the tiles the kernels are working on. */

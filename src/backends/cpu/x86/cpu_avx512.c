@@ -100,7 +100,7 @@ static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, 
 
 /* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps. */
 AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
-                  float *s, int lds)
+                  float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     const size_t es = esize(dt);
     __m512 a[16];
@@ -108,6 +108,7 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     for (int j = 0; j < dp; j += 16) {
         __m512 x[16];
         for (int u = 0; u < KB; u++) x[u] = cvt16r(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_load_ps(q + (size_t)h * dp + j);
             for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
@@ -139,23 +140,18 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
 }
 
 /* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
- * by hsum16z; a single row 8 keys), then single keys; pf's rows prefetched in proportion as the
- * keys go. */
+ * by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per 16-dim
+ * step of the blocks (pa__cpu_pfc). */
 AI void qkz_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
     const int KB = R == 4 ? 4 : R == 3 ? 4 : R == 2 ? 8 : 8;
-    int c = 0, pi = 0;
-    for (; c + KB <= nc; c += KB) {
-        qkz_block(R, KB, dt, krows, c, q, dp, s, lds);
-        if (pf) {
-            int pe = (int)((int64_t)(c + KB) * pf->n / nc);
-            pf_rows(pf, pi, pe);
-            pi = pe;
-        }
-    }
-    for (; c < nc; c++) qkz_block(R, 1, dt, krows, c, q, dp, s, lds);
-    if (pf) pf_rows(pf, pi, pf->n);
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int steps = nc / KB * (dp / 16), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    int c = 0;
+    for (; c + KB <= nc; c += KB) qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
+    for (; c < nc; c++) qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
+    pfc_step(&pc, -1);
 }
 
 AI void qkz_src(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
@@ -209,7 +205,7 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
  * -O3), cycles per FMA: Skylake-X 0.84 -> 0.73-0.77, Ice Lake server 1.42 -> 1.25-1.27, Zen 4
  * 1.30 -> 1.25 (not timed on hardware: no AVX-512 machine here). */
 AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
-                  const float *p, int ldp, int j, int dp, const float *alpha, float *o)
+                  const float *p, int ldp, int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
     const size_t es = esize(dt);
     const int NS = dt == PA_DTYPE_BF16 && !vd ? NV / 2 * 2 : 0; /* vectors that come pair-split */
@@ -235,6 +231,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             x[u + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, odd));
         }
         for (int u = NS; u < NV; u++) x[u] = cvt16r(dt, vp + (size_t)16 * u * es);
+        pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
             for (int u = 0; u < NV; u++) acc[h * NV + u] = _mm512_fmadd_ps(w, x[u], acc[h * NV + u]);
@@ -267,20 +264,17 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
 {
     const bool pairs = dt == PA_DTYPE_BF16 && !vd;
     const int NVM = R == 4 && pairs ? 4 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
-    int j = 0, pi = 0;
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int steps = (dp / 16 + NVM - 1) / NVM * nv, per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    int j = 0;
     while (j < dp) {
         int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
-        if (pf) {
-            int pe = (int)((int64_t)(j + 16 * w) * pf->n / dp);
-            pf_rows(pf, pi, pe);
-            pi = pe;
-        }
         /* (n <= NVM always holds where a case is reached; the guard keeps the accumulator count
          * of unreachable instances within the array) */
         switch (w) {
 #define PVZ_CASE(n)                                                                                  \
     case n:                                                                                          \
-        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o);  \
+        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
         break;
             PVZ_CASE(8)
             PVZ_CASE(7)
@@ -290,10 +284,11 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
             PVZ_CASE(3)
             PVZ_CASE(2)
 #undef PVZ_CASE
-        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o); break;
+        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
         }
         j += 16 * w;
     }
+    pfc_step(&pc, -1);
 }
 
 /* Rows in groups of G (4 for decode, 12 for prefill tiles: one 16-dim vector per row, so each
