@@ -2,12 +2,13 @@
  * time only after CPUID + XGETBV (XCR0 opmask/ZMM state) say the machine runs them. They
  * override the AVX2 table (installed first) for every product: decode QK and PV straight from
  * the cache rows, prefill QK over the transposed K tile and PV over the converted V tile, and the
- * row conversion. The transposed K tile (its layout is shared), the softmax pieces and the output
- * store stay AVX2. Arithmetic is fp32 FMA, 16 lanes.
+ * row conversion, and the softmax's exp. The transposed K tile (its layout is shared), the row
+ * maximum and the output store stay AVX2. Arithmetic is fp32 FMA, 16 lanes.
  *
- * Blocking: 32 vector registers allow 12 accumulators plus the operands everywhere:
- *  - decode QK: 4 query rows (one GQA 4 group) x 3 keys over 16-dim steps, each K chunk
- *    converted once for the 4 rows; fewer rows take more keys (R x KB <= 12);
+ * Blocking: 32 vector registers allow 12 to 16 accumulators plus the operands everywhere:
+ *  - decode QK: 4 query rows (one GQA 4 group) x 4 keys over 16-dim steps, each K chunk
+ *    converted once for the 4 rows, the 16 sums reduced together (hsum16z); fewer rows take
+ *    more keys;
  *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key; over bf16 rows
  *    4 rows x 64 dims, converted by pair split (16 accumulators);
  *  - prefill QK: 6 rows x 32 keys (two vectors of the transposed tile), q broadcast;
@@ -16,8 +17,9 @@
  * E4M3 decode rows: f32 words 2^-120 times the value (PA__CPU_E4M3B, cvt16r) on AMD, whose FP
  * units take the subnormal ones at full speed, with the query rows and probabilities 2^120 times
  * theirs; f16 forms elsewhere (cpu.h, e4m3_bf16).
- * NOTE: written on an AVX2-only machine: checked on the whole case grid with the intrinsics
- * emulated by SIMDe (bench/check_avx512_simde.sh), never yet run or timed on AVX-512 hardware. */
+ * Written on AVX2-only machines and checked there under SIMDe (bench/check_avx512_simde.sh);
+ * since run and timed natively on Intel Xeons (bench/NOTES.md, nineteenth and twenty-sixth
+ * passes), not yet on Zen 4. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
 #include "cpu_x86_fp8.h"
@@ -440,6 +442,60 @@ static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, flo
     }
 }
 
+/* ---- softmax: exp ------------------------------------------------------------------------- */
+
+/* The AVX2 path's exp8 at 16 lanes (the same operations and constants, so the same bits per
+ * element): Cody-Waite reduction by ln 2, Cephes expf's degree-6 polynomial, ~1 ulp; inputs
+ * clamped to [-87.3, 88.3], so no result is subnormal. */
+AI __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* s[i .. i + 16) where `live` is set = exp(s - m), -0 where s is -inf (a masked key); returns
+ * them, zeros in the other lanes (which are neither read nor written) */
+AI __m512 exp16_store(float *s, __mmask16 live, __m512 vm)
+{
+    __m512 x = _mm512_maskz_loadu_ps(live, s);
+    __m512 e = exp16(_mm512_sub_ps(x, vm));
+    e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), _mm512_set1_ps(-0.0f));
+    _mm512_mask_storeu_ps(s, live, e);
+    return _mm512_maskz_mov_ps(live, e);
+}
+
+/* exp_row (cpu.h) 16 lanes at a time, two vectors per step (independent chains), the last
+ * partial vectors under a mask instead of expf one by one (a decode tile of 32 keys is one step;
+ * a sequence's last tile had up to 7 keys through expf on the AVX2 path) */
+static float a5_exp_row(float *s, int n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 e0 = exp16_store(s + i, 0xffff, vm), e1 = exp16_store(s + i + 16, 0xffff, vm);
+        acc = _mm512_add_ps(_mm512_add_ps(acc, e0), e1);
+    }
+    for (; i < n; i += 16) {
+        const int left = n - i;
+        acc = _mm512_add_ps(acc, exp16_store(s + i, left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u), vm));
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
 {
     k->name = "avx512";
@@ -449,8 +505,9 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
     k->qk_src_pairs = NULL; /* (the AVX2 table's: a5_qk_src is the one to run) */
     k->pv_src = a5_pv_src;
     k->qk_t = a5_qk_t;
+    k->exp_row = a5_exp_row;
     k->pf_spread = true;
     k->e4m3_bf16 = true; /* (through qk_src: no qk_src_pairs here) */
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
-     * shape the driver makes), load_rows_t (same tile layout), row_max, exp_row, store_row */
+     * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
