@@ -12,7 +12,8 @@
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
  * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3),
- * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone).
+ * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
+ * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -82,7 +83,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const int nl = argc - 1, thr = env_int("THR", 1), rounds = env_int("ROUNDS", 8), reps = env_int("REPS", 3);
-    const int small = env_int("SMALL", 0);
+    const int small = env_int("SMALL", 0), q16 = env_int("Q16", 0);
     const char *dts = getenv("DT") ? getenv("DT") : "bf16";
     const pa_dtype cd = !strcmp(dts, "bf16") ? PA_DTYPE_BF16 : !strcmp(dts, "f16") ? PA_DTYPE_F16 : PA_DTYPE_FP8_E4M3;
     const int nbps = C / BS, nb = S * nbps;
@@ -148,11 +149,19 @@ int main(int argc, char **argv)
     }
     float *q = malloc(sizeof(float) * S * H * D), *o = malloc(sizeof(float) * S * H * D);
     for (int64_t i = 0; i < (int64_t)S * H * D; i++) q[i] = (float)((i * 7919) % 200 - 100) / 400.f;
+    if (q16) /* (the same queries truncated to bf16, in place: word i never overlaps float j > i) */
+        for (int64_t i = 0; i < (int64_t)S * H * D; i++) {
+            uint32_t w;
+            memcpy(&w, &q[i], 4);
+            uint16_t h = (uint16_t)(w >> 16);
+            memcpy((uint16_t *)q + i, &h, 2);
+        }
     for (int k = 0; k < nl; k++) {
         lib *l = &libs[k];
         pa_layer_config cfg;
         l->layer_config_init(&cfg, H, HKV, D);
         cfg.cache_dtype = cd;
+        if (q16) cfg.q_dtype = PA_DTYPE_BF16;
         CK(l, l->layer_create(&cfg, &l->layer));
         const pa_backend *be;
         CK(l, l->backend_select("cpu", l->layer, &be));

@@ -116,29 +116,7 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
             for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
         }
     }
-    const float mul = pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f;
-    if (R * KB >= 12) {
-        /* 12 or 16 sums by the tree (the unused accumulators are zeros); a row's KB scores are
-         * contiguous in it: one 128- or 256-bit store per row */
-        __m512 f = hsum16z(a);
-        if (mul != 1.0f) f = _mm512_mul_ps(f, _mm512_set1_ps(mul));
-        for (int h = 0; h < R; h++) {
-            float *sh = s + (size_t)h * lds + c0;
-            if (KB == 4)
-                _mm_storeu_ps(sh, h == 0 ? _mm512_castps512_ps128(f)
-                                  : h == 1 ? _mm512_extractf32x4_ps(f, 1)
-                                  : h == 2 ? _mm512_extractf32x4_ps(f, 2)
-                                           : _mm512_extractf32x4_ps(f, 3));
-            else
-                _mm256_storeu_ps(sh, h == 0 ? _mm512_castps512_ps256(f)
-                                            : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
-        }
-        return;
-    }
-    float t[16];
-    hsum_n(a, R * KB, t);
-    for (int h = 0; h < R; h++)
-        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
+    store_scores(R, KB, a, pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f, s, lds, c0);
 }
 
 /* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
@@ -147,7 +125,7 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
 AI void qkz_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
-    const int KB = R == 4 ? 4 : R == 3 ? 4 : R == 2 ? 8 : 8;
+    const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
     const int steps = nc / KB * (dp / 16), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
     int c = 0;

@@ -55,4 +55,38 @@ AI __m512 hsum16z(const __m512 *a)
     return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
 }
 
+/* The R x KB dot products of a decode QK block (a[h * KB + u]: row h, key c0 + u; a holds 16
+ * vectors, those past R x KB zero) times mul into s[h * lds + c0 + u]. Blocks of 12 or more by
+ * the tree, one store per row (a row's KB = 4 or 8 sums are contiguous in it), else hsum_n. */
+AI void store_scores(int R, int KB, const __m512 *a, float mul, float *s, int lds, int c0)
+{
+    if (R * KB >= 12 && (KB == 4 || KB == 8)) {
+        __m512 f = hsum16z(a);
+        if (mul != 1.0f) f = _mm512_mul_ps(f, _mm512_set1_ps(mul));
+        for (int h = 0; h < R; h++) {
+            float *sh = s + (size_t)h * lds + c0;
+            if (KB == 4)
+                _mm_storeu_ps(sh, h == 0 ? _mm512_castps512_ps128(f)
+                                  : h == 1 ? _mm512_extractf32x4_ps(f, 1)
+                                  : h == 2 ? _mm512_extractf32x4_ps(f, 2)
+                                           : _mm512_extractf32x4_ps(f, 3));
+            else
+                _mm256_storeu_ps(sh, h == 0 ? _mm512_castps512_ps256(f)
+                                            : _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+        }
+        return;
+    }
+    float t[16];
+    hsum_n(a, R * KB, t);
+    for (int h = 0; h < R; h++)
+        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
+}
+
+/* Keys per decode QK block for R query rows (1..4): 16 accumulators (2 x 8, 4 x 4), 12 for 3
+ * rows, 8 for one row (whose 16 would need 16 key vectors as well). */
+AI int qk_keys_per_block(int R)
+{
+    return R == 2 ? 8 : R == 1 ? 8 : 4;
+}
+
 #endif

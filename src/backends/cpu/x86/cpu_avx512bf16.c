@@ -13,10 +13,10 @@
  * products are exact and the sums fp32. Because vdpbf16ps also flushes subnormal products and
  * sums, the PV kernels scan every value they multiply and decline a call (the caller runs the
  * fp32 kernels) where one is nonzero below 2^-90, inf or NaN (cpu.h, PA__CPU_BF16_TINY).
- * NOTE: checked natively only in its QK-only form (an Intel Xeon host, 2026-11-28, where
- * vdpbf16ps ran at half the FMA rate); the PV kernels on the whole case grid with the intrinsics
- * emulated by SIMDe (bench/check_avx512_simde.sh, whose vdpbf16ps takes subnormals as zero and
- * flushes as Intel documents), never yet run or timed on hardware. */
+ * Checked on the whole case grid under SIMDe (bench/check_avx512_simde.sh, whose vdpbf16ps takes
+ * subnormals as zero and flushes as Intel documents) and natively on Intel Xeons (where
+ * vdpbf16ps issues at half the FMA rate: bench/NOTES.md, twenty-fourth and twenty-sixth passes);
+ * not yet on Zen 4, the CPU it is the default on. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
 
@@ -39,40 +39,34 @@ AI __m512bh ld32(const void *p, int m)
 /* S[r][c0 .. c0 + KB) = scale * dot for the R rows at q: R x KB accumulators over 32-dim steps
  * (a last step of 16 when dp % 32 == 16). */
 AI void qkb_block(int R, int KB, const void *const *krows, int c0, const uint16_t *q, int dp, float scale,
-                  float *s, int lds)
+                  float *s, int lds, pa__cpu_pfc *pc, int per)
 {
-    __m512 a[12];
-    for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
+    __m512 a[16];
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
     for (int j = 0; j < dp; j += 32) {
         const int m = dp - j >= 32 ? 32 : 16;
-        __m512bh x[12];
+        __m512bh x[16];
         for (int u = 0; u < KB; u++) x[u] = ld32((const uint16_t *)krows[c0 + u] + j, m);
+        pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             __m512bh w = ld32(q + (size_t)h * dp + j, m);
             for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], w, x[u]);
         }
     }
-    float t[16];
-    hsum_n(a, R * KB, t);
-    for (int h = 0; h < R; h++)
-        for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * scale;
+    store_scores(R, KB, a, scale, s, lds, c0);
 }
 
+/* (blocks and prefetches as the AVX-512 twin, qkz_rows) */
 AI void qkb_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
-    const int KB = R == 4 ? 3 : R == 3 ? 4 : R == 2 ? 6 : 8;
-    int c = 0, pi = 0;
-    for (; c + KB <= nc; c += KB) {
-        qkb_block(R, KB, krows, c, q, dp, scale, s, lds);
-        if (pf) {
-            int pe = (int)((int64_t)(c + KB) * pf->n / nc);
-            pf_rows(pf, pi, pe);
-            pi = pe;
-        }
-    }
-    for (; c < nc; c++) qkb_block(R, 1, krows, c, q, dp, scale, s, lds);
-    if (pf) pf_rows(pf, pi, pf->n);
+    const int KB = qk_keys_per_block(R);
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int steps = nc / KB * ((dp + 31) / 32), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    int c = 0;
+    for (; c + KB <= nc; c += KB) qkb_block(R, KB, krows, c, q, dp, scale, s, lds, &pc, per);
+    for (; c < nc; c++) qkb_block(R, 1, krows, c, q, dp, scale, s, lds, &pc, 0);
+    pfc_step(&pc, -1);
 }
 
 static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
@@ -249,14 +243,17 @@ AI void pvb_pair(int R, int NV, bool SCAN, const char *ra, const char *rb, const
  * 128-bit lane L; a 16-dim tail (odd NV) zero-extends and merges instead. The accumulators are
  * put back in dim order once at the end. SCAN: every loaded word through scan_words. */
 AI void pvb_chunk(int R, int NV, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw,
-                  int j, float *o, int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx)
+                  int j, float *o, int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx,
+                  pa__cpu_pfc *pc, int per)
 {
     __m512 acc[16];
     for (int i = 0; i < R * NV; i++) acc[i] = _mm512_setzero_ps();
     int i = 0;
-    for (; 2 * i + 1 < nv; i++)
+    for (; 2 * i + 1 < nv; i++) {
         pvb_pair(R, NV, SCAN, (const char *)vr[idx[2 * i]] + (size_t)2 * j,
                  (const char *)vr[idx[2 * i + 1]] + (size_t)2 * j, pw, i, acc, mn, mx);
+        pfc_step(pc, per);
+    }
     if (2 * i < nv) pvb_pair(R, NV, SCAN, (const char *)vr[idx[2 * i]] + (size_t)2 * j, NULL, pw, i, acc, mn, mx);
     const __m512i lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
     const __m512i hi = _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
@@ -271,27 +268,24 @@ AI void pvb_chunk(int R, int NV, bool SCAN, const void *const *vr, const int *id
     }
 }
 
-/* R rows (1..4) over all dims in chunks of up to 64 (4 R accumulators at most 16); pf's rows
- * prefetched before each chunk in proportion to its width. */
+/* R rows (1..4) over all dims in chunks of up to 64 (4 R accumulators at most 16); pf's lines
+ * prefetched one or two per key pair (pa__cpu_pfc). */
 AI void pvb_rows(int R, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw, float *o,
                  int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx, const pa__cpu_pf *pf)
 {
-    int pi = 0;
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int steps = (dp / 16 + 3) / 4 * (nv / 2), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
     for (int j = 0; j < dp;) {
         const int w = (dp - j) / 16 < 4 ? (dp - j) / 16 : 4;
-        if (pf) {
-            int pe = (int)((int64_t)(j + 16 * w) * pf->n / dp);
-            pf_rows(pf, pi, pe);
-            pi = pe;
-        }
         switch (w) {
-        case 4: pvb_chunk(R, 4, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
-        case 3: pvb_chunk(R, 3, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
-        case 2: pvb_chunk(R, 2, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
-        default: pvb_chunk(R, 1, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx); break;
+        case 4: pvb_chunk(R, 4, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx, &pc, per); break;
+        case 3: pvb_chunk(R, 3, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx, &pc, per); break;
+        case 2: pvb_chunk(R, 2, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx, &pc, per); break;
+        default: pvb_chunk(R, 1, SCAN, vr, idx, nv, pw, j, o, dp, alpha, stage, mn, mx, &pc, per); break;
         }
         j += 16 * w;
     }
+    pfc_step(&pc, -1);
 }
 
 AI void pvb_group(int R, bool SCAN, const void *const *vr, const int *idx, int nv, const uint32_t *pw, float *o,
