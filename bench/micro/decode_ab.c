@@ -13,7 +13,9 @@
  * checksum of the output (equal for builds that compute the same bits).
  * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3),
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
- * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps).
+ * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
+ * ISAS=a,b,... (PAGEDATTN_CPU_ISA for each library's context in turn: one build under several
+ * paths, given as copies of the .so at different paths so that each dlopen is its own).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -167,6 +169,13 @@ int main(int argc, char **argv)
         CK(l, l->backend_select("cpu", l->layer, &be));
         pa_batch_config bc = {.block_size = BS, .num_blocks = nb, .slot_mapping = slots};
         CK(l, l->batch_create(&bc, seqs, S, &l->batch));
+        if (getenv("ISAS")) { /* the k-th comma-separated entry */
+            char isa[32] = "";
+            const char *p = getenv("ISAS");
+            for (int i = 0; i < k && p; i++) p = strchr(p, ','), p = p ? p + 1 : NULL;
+            if (p) snprintf(isa, sizeof isa, "%.*s", (int)strcspn(p, ","), p);
+            setenv("PAGEDATTN_CPU_ISA", isa, 1);
+        }
         CK(l, l->context_create(be, NULL, &l->ctx));
         CK(l, l->context_set_num_threads(l->ctx, thr));
         CK(l, l->plan_create(l->ctx, l->layer, l->batch, &l->plan));

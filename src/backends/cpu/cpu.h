@@ -295,7 +295,7 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 #  define PA__CPU_X86 1
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k);
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd); /* amd: the CPU's vendor (a blocking) */
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k);
 #  endif
 #endif

@@ -95,7 +95,11 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
 #ifdef PA__CPU_X86
     if (isa >= PA__ISA_AVX2 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx2(k);
 #  ifdef PAGEDATTN_HAVE_AVX512
-    if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512(k);
+    if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
+        pa__cpu_features f;
+        pa__cpu_detect(&f);
+        pa__cpu_kernels_init_avx512(k, f.amd);
+    }
     if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k);
 #  endif
 #endif

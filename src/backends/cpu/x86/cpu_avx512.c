@@ -11,7 +11,8 @@
  *    more keys;
  *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key; over bf16 rows
  *    4 rows x 64 dims, converted by pair split (16 accumulators);
- *  - prefill QK: 6 rows x 32 keys (two vectors of the transposed tile), q broadcast;
+ *  - prefill QK: 8 rows x 32 keys (two vectors of the transposed tile), q broadcast; on AMD
+ *    12 rows x 16 keys, the broadcasts embedded in the FMAs (a5_qk_t8, a5_qk_t12);
  *  - prefill PV: 6 rows x 32 dims, probabilities broadcast.
  * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
  * E4M3 decode rows: f32 words 2^-120 times the value (PA__CPU_E4M3B, cvt16r) on AMD, whose FP
@@ -272,7 +273,7 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
 }
 
 /* Rows in groups of G (4 for decode, 12 for prefill tiles: one 16-dim vector per row, so each
- * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t), the rest
+ * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t12), the rest
  * in groups of at most 6, over
  * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
  * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
@@ -364,7 +365,7 @@ AI void qktz_block(int R, int KB, const float *q, const float *kt, int c0, int d
 {
     for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
         const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
-        __m512 a[12];
+        __m512 a[16];
         for (int i = 0; i < R * KB; i++) a[i] = _mm512_setzero_ps();
         for (int j = j0; j < j1; j++) {
             __m512 k[2];
@@ -389,21 +390,29 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
     if (c0 < n16) qktz_block(R, 1, q, kt, c0, dp, s, lds);
 }
 
-/* 12 rows x 16 keys: each broadcast query element feeds one FMA, so the compiler folds it into
- * the FMA as an embedded broadcast ({1to16}). With 6 rows x 32 keys each broadcast fed two FMAs
- * and stayed a separate vbroadcastss, which llvm-mca 19's Zen 4 model (-mcpu=znver4) runs on the
- * FP1 pipe beside the FMAs: 18 cycles per 12 FMAs, against 12 with embedded broadcasts (its Zen 3
- * model puts the 256-bit broadcasts of the AVX2 twin on FP1/FP2 and gives 6 cycles per 12 FMAs,
- * which the AVX2 kernel measures). Not timed on hardware: no AVX-512 machine here. The sums of
- * each row are the same FMAs in the same order whichever block the row is in. */
-static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
-                    const pa__cpu_pf *pf)
+/* Prefill QK, two blockings (each row's sums are the same FMAs in the same order in either):
+ * - G = 12 rows x 16 keys (the default on AMD): each broadcast query element feeds one FMA, so
+ *   the compiler folds it into the FMA as an embedded broadcast ({1to16}). With 6 rows x 32 keys
+ *   each broadcast fed two FMAs and stayed a separate vbroadcastss, which llvm-mca 19's Zen 4
+ *   model (-mcpu=znver4) runs on the FP1 pipe beside the FMAs: 18 cycles per 12 FMAs, against 12
+ *   with embedded broadcasts (not timed on a Zen 4: none has been available).
+ * - G = 8 rows x 32 keys (the default elsewhere): on Intel cores a broadcast from memory is a
+ *   load alone, and 12 x 16 needs 13 loads per 12 FMAs, more than the two 512-bit loads per
+ *   cycle that keep the FMAs fed; 8 x 32 needs 10 per 16. A 2048-token causal prefill on one
+ *   core of an Intel Xeon (Emerald Rapids), three alternating rounds: f32 343-365 ms against
+ *   373-452, bf16 342-355 against 359-392 (bench/NOTES.md, twenty-sixth pass).
+ * The rows left over go in blocks of up to 6 x 32; pf is prefetched one share per block of G. */
+AI void qk_t_rows(int G, const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                  const pa__cpu_pf *pf)
 {
-    int n16 = (nc + 15) & ~15, r = 0, ng = (nr + 11) / 12;
-    for (; r + 12 <= nr; r += 12) {
-        pf_share(pf, r / 12, ng); /* one share per 12 rows */
-        for (int c0 = 0; c0 < n16; c0 += 16)
-            qktz_block(12, 1, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+    int n16 = (nc + 15) & ~15, r = 0, ng = (nr + G - 1) / G;
+    for (; r + G <= nr; r += G) {
+        pf_share(pf, r / G, ng);
+        if (G == 12)
+            for (int c0 = 0; c0 < n16; c0 += 16)
+                qktz_block(12, 1, q + (size_t)r * dp, kt, c0, dp, s + (size_t)r * lds, lds);
+        else
+            qktz_rows(8, q + (size_t)r * dp, kt, n16, dp, s + (size_t)r * lds, lds);
     }
     if (r < nr) pf_share(pf, ng - 1, ng);
     for (; r < nr; r += 6) {
@@ -418,6 +427,18 @@ static void a5_qk_t(const float *q, int nr, const float *kt, int nc, int dp, flo
         default: qktz_rows(1, qr, kt, n16, dp, sr, lds); break;
         }
     }
+}
+
+static void a5_qk_t12(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                      const pa__cpu_pf *pf)
+{
+    qk_t_rows(12, q, nr, kt, nc, dp, s, lds, pf);
+}
+
+static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
+                     const pa__cpu_pf *pf)
+{
+    qk_t_rows(8, q, nr, kt, nc, dp, s, lds, pf);
 }
 
 /* ---- softmax: exp ------------------------------------------------------------------------- */
@@ -474,7 +495,7 @@ static float a5_exp_row(float *s, int n, float m)
     return _mm512_reduce_add_ps(acc);
 }
 
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd)
 {
     k->name = "avx512";
     k->load_rows = a5_load_rows;
@@ -482,7 +503,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k)
     k->qk_src = a5_qk_src;
     k->qk_src_pairs = NULL; /* (the AVX2 table's: a5_qk_src is the one to run) */
     k->pv_src = a5_pv_src;
-    k->qk_t = a5_qk_t;
+    k->qk_t = amd ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->pf_spread = true;
     k->e4m3_bf16 = true; /* (through qk_src: no qk_src_pairs here) */

@@ -1,0 +1,105 @@
+/* test_cpu_qk_blocks.c: the AVX-512 path's two prefill QK blockings (pa__cpu_kernels_init_avx512:
+ * 12 rows x 16 keys on AMD, 8 rows x 32 keys elsewhere) give the same bits. The case grid runs
+ * only the one this machine's vendor gets, so here both tables are built directly and their qk_t
+ * run side by side over random tiles: every row count 1..CPU_ROWS that a tile can have, tile
+ * widths across the 16-key boundaries, head sizes 16..256, and the prefetch list given or not.
+ * Each score is the same FMAs in the same order in either blocking, so any difference is a bug
+ * (a row or key left out, a block written over its neighbour, a partial chunk summed twice).
+ * Skips where this build or this CPU has no AVX-512 path. */
+#include "test.h"
+
+#include "backends/cpu/cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* weak: a build without the AVX-512 kernels (or without the cpu backend) links and skips */
+extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd) __attribute__((weak));
+extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
+extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));
+extern bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f) __attribute__((weak));
+
+static uint64_t rng = 0x51eb851fu;
+static float rnd(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((int)(rng >> 40 & 0xffff) - 32768) / 8192.0f;
+}
+
+int main(void)
+{
+    /* (a strong reference into the library's backend list, so that the static link pulls in the
+     * cpu backend's objects, and with them the kernels the weak names above refer to) */
+    if (!pa_backend_find("cpu")) {
+        printf("SKIP: the cpu backend is not built\n");
+        return 77;
+    }
+    if (!pa__cpu_kernels_init_avx512 || !pa__cpu_kernels_init_generic || !pa__cpu_detect || !pa__cpu_isa_usable) {
+        printf("SKIP: this build has no AVX-512 kernels\n");
+        return 77;
+    }
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
+    if (!pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
+        printf("SKIP: this CPU does not run the avx512 path\n");
+        return 77;
+    }
+    pa__cpu_kernels ka, kb;
+    pa__cpu_kernels_init_generic(&ka);
+    pa__cpu_kernels_init_generic(&kb);
+    pa__cpu_kernels_init_avx512(&ka, true);
+    pa__cpu_kernels_init_avx512(&kb, false);
+    CHECK(ka.qk_t != NULL && kb.qk_t != NULL);
+    if (!ka.qk_t || !kb.qk_t) return test_exit();
+    CHECK(ka.qk_t != kb.qk_t); /* (two blockings: else this test compares a kernel with itself) */
+
+    const int dmax = 256;
+    float *q = aligned_alloc(64, sizeof(float) * CPU_ROWS * dmax);
+    float *kt = aligned_alloc(64, sizeof(float) * CPU_KT * dmax);
+    float *sa = aligned_alloc(64, sizeof(float) * CPU_ROWS * CPU_KT);
+    float *sb = aligned_alloc(64, sizeof(float) * CPU_ROWS * CPU_KT);
+    /* the prefetch list: rows of a buffer the kernels never read (prefetches alone) */
+    static char pfbuf[CPU_KT][512];
+    const void *pfrows[CPU_KT];
+    for (int i = 0; i < CPU_KT; i++) pfrows[i] = pfbuf[i];
+    const int dps[] = {16, 48, 64, 96, 128, 192, 256};
+    int cases = 0, diffs = 0;
+    for (int nr = 1; nr <= CPU_ROWS; nr += nr < 30 ? 1 : 7)
+        for (int di = 0; di < (int)(sizeof dps / sizeof dps[0]); di++)
+            for (int nc = 1; nc <= CPU_KT; nc += nc < 20 ? 3 : 11) {
+                const int dp = dps[di];
+                for (int i = 0; i < nr * dp; i++) q[i] = rnd();
+                for (int i = 0; i < CPU_KT * dp; i++) kt[i] = rnd();
+                /* the kernels write columns up to nc rounded up to 16 and nothing past them */
+                for (int i = 0; i < CPU_ROWS * CPU_KT; i++) sa[i] = sb[i] = -7.0f;
+                pa__cpu_pf pf = {pfrows, nc, 256};
+                const pa__cpu_pf *pp = (nr + nc) % 2 ? &pf : NULL;
+                ka.qk_t(q, nr, kt, nc, dp, sa, CPU_KT, pp);
+                kb.qk_t(q, nr, kt, nc, dp, sb, CPU_KT, pp);
+                cases++;
+                if (memcmp(sa, sb, sizeof(float) * CPU_ROWS * CPU_KT)) {
+                    if (diffs++ < 5) printf("nr %d dp %d nc %d: the two blockings differ\n", nr, dp, nc);
+                    continue;
+                }
+                /* and the scores are scores: one spot check per case against a plain sum in the
+                 * kernels' order (64-dim chunks, each summed from 0; exact equality is not
+                 * promised across orders, so a tolerance) */
+                const int r = nr / 2, c = nc / 2;
+                double want = 0;
+                for (int j = 0; j < dp; j++) want += (double)q[r * dp + j] * kt[j * CPU_KT + c];
+                const double got = sa[r * CPU_KT + c], tol = 1e-4 * (1 + fabs(want));
+                if (fabs(got - want) > tol) {
+                    if (diffs++ < 5) printf("nr %d dp %d nc %d: s[%d][%d] = %g, want %g\n", nr, dp, nc, r, c, got, want);
+                }
+                const int n16 = (nc + 15) & ~15;
+                for (int rr = 0; rr < CPU_ROWS; rr++)
+                    for (int cc = 0; cc < CPU_KT; cc++)
+                        if ((rr >= nr || cc >= n16) && sa[rr * CPU_KT + cc] != -7.0f && diffs++ < 5)
+                            printf("nr %d dp %d nc %d: s[%d][%d] written\n", nr, dp, nc, rr, cc);
+            }
+    printf("%d cases, %d differences\n", cases, diffs);
+    CHECK(cases > 500);
+    CHECK(diffs == 0);
+    free(q), free(kt), free(sa), free(sb);
+    return test_exit();
+}
