@@ -82,10 +82,13 @@ static inline __attribute__((always_inline)) pa__cpu_pfc pfc_init(const pa__cpu_
     return c;
 }
 
-/* Lines a cursor over pf walks where its rows are 64-byte aligned (one more per row at most). */
-static inline int pfc_lines(const pa__cpu_pf *pf)
+/* Lines per step for a cursor over pf spread over `steps` steps of a kernel's loop: pf's lines
+ * (where its rows are 64-byte aligned; one more per row at most otherwise, which the kernel's
+ * final pfc_step(c, -1) takes) over the steps, rounded up; 0 without steps. */
+static inline int pfc_per(const pa__cpu_pf *pf, int steps)
 {
-    return pf ? pf->n * ((pf->bytes + 63) / 64) : 0;
+    const int lines = pf ? pf->n * ((pf->bytes + 63) / 64) : 0;
+    return steps > 0 ? (lines + steps - 1) / steps : 0;
 }
 
 /* The next k lines (k < 0: all that are left). */

@@ -128,7 +128,7 @@ AI void qkz_rows(int R, pa_dtype dt, const void *const *krows, int nc, const flo
 {
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
-    const int steps = nc / KB * (dp / 16), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    const int per = pfc_per(pf, nc / KB * (dp / 16));
     int c = 0;
     for (; c + KB <= nc; c += KB) qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
     for (; c < nc; c++) qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
@@ -246,7 +246,7 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
     const bool pairs = dt == PA_DTYPE_BF16 && !vd;
     const int NVM = R == 4 && pairs ? 4 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
-    const int steps = (dp / 16 + NVM - 1) / NVM * nv, per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
     while (j < dp) {
         int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;

@@ -62,7 +62,7 @@ AI void qkb_rows(int R, const void *const *krows, int nc, const uint16_t *q, int
 {
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
-    const int steps = nc / KB * ((dp + 31) / 32), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    const int per = pfc_per(pf, nc / KB * ((dp + 31) / 32));
     int c = 0;
     for (; c + KB <= nc; c += KB) qkb_block(R, KB, krows, c, q, dp, scale, s, lds, &pc, per);
     for (; c < nc; c++) qkb_block(R, 1, krows, c, q, dp, scale, s, lds, &pc, 0);
@@ -274,7 +274,7 @@ AI void pvb_rows(int R, bool SCAN, const void *const *vr, const int *idx, int nv
                  int dp, const float *alpha, bool stage, __m512i *mn, __m512i *mx, const pa__cpu_pf *pf)
 {
     pa__cpu_pfc pc = pfc_init(pf);
-    const int steps = (dp / 16 + 3) / 4 * (nv / 2), per = steps ? (pfc_lines(pf) + steps - 1) / steps : 0;
+    const int per = pfc_per(pf, (dp / 16 + 3) / 4 * (nv / 2));
     for (int j = 0; j < dp;) {
         const int w = (dp - j) / 16 < 4 ? (dp - j) / 16 : 4;
         switch (w) {
