@@ -192,15 +192,18 @@ typedef struct pa__cpu_kernels {
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_src). qk_src for bf16 or E4M3 key rows with the query rows pair-split
-     * (pa__cpu_pair_split: each 16 dims stored as the 8 even ones, then the 8 odd ones), so that
-     * 16 bf16 values (one 32-byte load) become fp32 by one shift (even dims) and one AND (odd
-     * dims) instead of two zero-extends and two shifts. E4M3 keys become such bf16 words first
+     * (pa__cpu_pair_split: each pair_span dims stored as the even ones, then the odd ones; the
+     * driver takes this kernel only where dp is a multiple of pair_span), so that one load of
+     * pair_span bf16 values (32 or 64 bytes) becomes fp32 by one shift (even dims) and one AND
+     * (odd dims) instead of two zero-extends and two shifts. E4M3 keys become such bf16 words first
      * (pa__e4m3_to_bf16x16: 2^-120 times their value, exactly), so for dtype PA__CPU_E4M3B
      * (tables with e4m3_bf16) the caller passes the pair-split query rows times 2^120 (PA__CPU_E4M3_UP; pa__cpu_e4m3_up_ok says
      * when that is exact): every product, and so every score, is the one of the unscaled
      * values. */
     void (*qk_src_pairs)(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                          float *s, int lds, const struct pa__cpu_pf *pf);
+    /* Dims per group of qk_src_pairs' split query rows: 16 (AVX2: 8-lane vectors), 32 (AVX-512). */
+    int pair_span;
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
      * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
      * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
@@ -272,15 +275,16 @@ static inline bool pa__cpu_is_e4m3(pa_dtype dt)
     return dt == PA_DTYPE_FP8_E4M3 || dt == PA__CPU_E4M3F;
 }
 
-/* Rows r < nr of q (dp apart, dp % 16 == 0) rearranged in place for qk_src_pairs: in every 16
- * dims, the 8 even dims first, then the 8 odd ones. */
-static inline void pa__cpu_pair_split(float *q, int nr, int dp)
+/* Rows r < nr of q (dp apart, dp a multiple of span, span 16 or 32) rearranged in place for
+ * qk_src_pairs: in every span dims, the span / 2 even dims first, then the odd ones. */
+static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
 {
+    const int half = span / 2;
     for (int r = 0; r < nr; r++)
-        for (int j = 0; j < dp; j += 16) {
-            float *b = q + (size_t)r * dp + j, t[16];
-            for (int i = 0; i < 8; i++) t[i] = b[2 * i], t[8 + i] = b[2 * i + 1];
-            memcpy(b, t, sizeof t);
+        for (int j = 0; j + span <= dp; j += span) {
+            float *b = q + (size_t)r * dp + j, t[32];
+            for (int i = 0; i < half; i++) t[i] = b[2 * i], t[half + i] = b[2 * i + 1];
+            memcpy(b, t, (size_t)span * sizeof(float));
         }
 }
 

@@ -349,8 +349,9 @@ static void run_item(void *arg, int64_t index, int thread)
         const bool vpairs = ks[0].dtype == PA_DTYPE_BF16 && cfg->cache_dtype == PA_DTYPE_BF16 &&
                             (direct ? K->pv_src_bf16 != NULL : K->pv_bf16 != NULL);
         const bool e4p = direct && e4b && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
-        const bool pairs = direct && !q16 && K->qk_src_pairs && (ks[0].dtype == PA_DTYPE_BF16 || e4p);
-        if (pairs) pa__cpu_pair_split(sc->q, nr, dp);
+        const bool pairs = direct && !q16 && K->qk_src_pairs && dp % K->pair_span == 0 &&
+                           (ks[0].dtype == PA_DTYPE_BF16 || e4p);
+        if (pairs) pa__cpu_pair_split(sc->q, nr, dp, K->pair_span);
         if (e4p)
             for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];

@@ -101,6 +101,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->qk_src_bf16 = NULL;
     k->qk_t_bf16 = NULL;
     k->qk_src_pairs = NULL;
+    k->pair_span = 16;
     k->pv_src_bf16 = NULL;
     k->load_v_pairs = NULL;
     k->pv_bf16 = NULL;

@@ -1238,6 +1238,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->store_row = a2_store_row;
     k->qk_src = a2_qk_src;
     k->qk_src_pairs = a2_qk_src_pairs;
+    k->pair_span = 16;
     k->load_rows_t = a2_load_rows_t;
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;

@@ -173,6 +173,92 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     }
 }
 
+/* ---- decode QK over pair-split query rows (qk_src_pairs, pair_span 32) ---------------------- */
+
+/* 32 key values at p as bf16 words in memory order (32-bit lane i: dims 2i and 2i + 1): bf16 rows
+ * as they are, one 64-byte load; E4M3 rows (PA__CPU_E4M3B, E4M3BN) by pa__e4m3_to_bf16x16's
+ * operations on 32 bytes, 2^-120 times the value (the caller's query rows 2^120 times theirs). */
+AI __m512i words32(pa_dtype dt, const char *p)
+{
+    if (dt == PA_DTYPE_BF16) return _mm512_loadu_si512(p);
+    __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 4), _mm512_set1_epi16((short)0x87f0));
+    if (dt == PA__CPU_E4M3BN) {
+        __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x7ff0)),
+                                                _mm512_set1_epi16(0x07f0));
+        h = _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7fc0)));
+    }
+    return h;
+}
+
+/* qkz_block over pair-split query rows: each 32-dim step loads each key's 32 values once (as
+ * bf16 words); a shift makes the 16 even dims fp32, an AND the 16 odd ones (2 operations per 32
+ * values, against 4 for two zero-extends and shifts), each multiplied by the query's even or odd
+ * half. Key outermost, rows inside: each converted vector is used at once (16 accumulators, the
+ * KB words and the R query vectors fit the 32 registers for 4 x 4, 2 x 8 and 1 x 8). */
+AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
+                  float *s, int lds, pa__cpu_pfc *pc, int per)
+{
+    const size_t es = dt == PA_DTYPE_BF16 ? 2 : 1;
+    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 a[16];
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    for (int j = 0; j < dp; j += 32) {
+        __m512i w[8];
+        for (int u = 0; u < KB; u++) w[u] = words32(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        pfc_step(pc, per);
+        for (int half = 0; half < 2; half++) {
+            __m512 qv[4];
+            for (int h = 0; h < R; h++) qv[h] = _mm512_load_ps(q + (size_t)h * dp + j + 16 * half);
+            for (int u = 0; u < KB; u++) {
+                __m512 x = _mm512_castsi512_ps(half ? _mm512_and_si512(w[u], odd) : _mm512_slli_epi32(w[u], 16));
+                for (int h = 0; h < R; h++) a[h * KB + u] = _mm512_fmadd_ps(qv[h], x, a[h * KB + u]);
+            }
+        }
+    }
+    store_scores(R, KB, a, 1.0f, s, lds, c0);
+}
+
+AI void qkp_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
+                 int lds, const pa__cpu_pf *pf)
+{
+    const int KB = qk_keys_per_block(R);
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int per = pfc_per(pf, nc / KB * (dp / 32));
+    int c = 0;
+    for (; c + KB <= nc; c += KB) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
+    for (; c < nc; c++) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
+    pfc_step(&pc, -1);
+}
+
+AI void qkp_src(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
+                int lds, const pa__cpu_pf *pf)
+{
+    int ng = (nr + 3) / 4;
+    for (int r = 0; r < nr; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const float *qr = q + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 4 ? nr - r : 4) {
+        case 4: qkp_rows(4, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 3: qkp_rows(3, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 2: qkp_rows(2, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        default: qkp_rows(1, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        }
+    }
+}
+
+/* bf16 keys, or E4M3 keys as bf16 words (PA__CPU_E4M3B; the rows scanned for NaN bytes first, as
+ * in a5_qk_src); dp a multiple of 32 (the driver's condition) */
+static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                            float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_BF16) qkp_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
+    else if (pa__e4m3_rows_nan(krows, nc, dp)) qkp_src(PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
+    else qkp_src(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+}
+
 /* ---- PV: O = O * alpha + P V -------------------------------------------------------------- */
 
 /* dims [j, j + 16 NV) of the R rows at o (scaled by alpha first; NULL: by 1) over nv keys, key i
@@ -501,12 +587,13 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd)
     k->load_rows = a5_load_rows;
     k->pv = a5_pv;
     k->qk_src = a5_qk_src;
-    k->qk_src_pairs = NULL; /* (the AVX2 table's: a5_qk_src is the one to run) */
+    k->qk_src_pairs = a5_qk_src_pairs;
+    k->pair_span = 32;
     k->pv_src = a5_pv_src;
     k->qk_t = amd ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->pf_spread = true;
-    k->e4m3_bf16 = true; /* (through qk_src: no qk_src_pairs here) */
+    k->e4m3_bf16 = true;
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
