@@ -11,7 +11,8 @@
  * of a shared host; the slow and fast phases of the development VM (bench/NOTES.md, seventeenth
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
- * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3),
+ * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | f32),
+ * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
  * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
  * ISAS=a,b,... (PAGEDATTN_CPU_ISA for each library's context in turn: one build under several
@@ -79,7 +80,10 @@ static int env_int(const char *name, int def)
 
 int main(int argc, char **argv)
 {
-    enum { S = 16, C = 4096, HKV = 8, H = 32, D = 128, BS = 16 };
+    enum { HKV = 8, H = 32, D = 128, BS = 16 };
+    /* PREFILL=n: one causal prompt of n tokens (n a multiple of 16) instead of the decode batch */
+    const int prefill = env_int("PREFILL", 0), S = prefill ? 1 : 16, C = prefill ? prefill : 4096;
+    const int QL = prefill ? prefill : 1; /* query tokens per sequence */
     if (argc < 2) {
         fprintf(stderr, "usage: %s LIBPAGEDATTN.so [...]\n", argv[0]);
         return 2;
@@ -87,7 +91,8 @@ int main(int argc, char **argv)
     const int nl = argc - 1, thr = env_int("THR", 1), rounds = env_int("ROUNDS", 8), reps = env_int("REPS", 3);
     const int small = env_int("SMALL", 0), q16 = env_int("Q16", 0);
     const char *dts = getenv("DT") ? getenv("DT") : "bf16";
-    const pa_dtype cd = !strcmp(dts, "bf16") ? PA_DTYPE_BF16 : !strcmp(dts, "f16") ? PA_DTYPE_F16 : PA_DTYPE_FP8_E4M3;
+    const pa_dtype cd = !strcmp(dts, "bf16") ? PA_DTYPE_BF16 : !strcmp(dts, "f16") ? PA_DTYPE_F16
+                          : !strcmp(dts, "f32") ? PA_DTYPE_F32 : PA_DTYPE_FP8_E4M3;
     const int nbps = C / BS, nb = S * nbps;
     lib *libs = calloc((size_t)nl, sizeof(lib));
     void **handles = calloc((size_t)nl, sizeof(void *));
@@ -121,13 +126,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "cache: %s\n", libs[0].last_error());
         return 1;
     }
-    const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_FP8_E4M3 ? 1 : 2);
+    const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_F32 ? 4 : cd == PA_DTYPE_FP8_E4M3 ? 1 : 2);
     uint64_t x = 1;
     for (int w = 0; w < 2; w++) {
         unsigned char *p = w ? cache.value : cache.key;
         for (size_t i = 0; i < bytes; i += 8) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             uint64_t v = cd == PA_DTYPE_FP8_E4M3 ? x & 0x7777777777777777ull
+                         : cd == PA_DTYPE_F32    ? (x & 0x3f7fffff3f7fffffull) | 0x3c0000003c000000ull
                                                  : (x & 0x3f7f3f7f3f7f3f7full) | 0x3000300030003000ull;
             memcpy(p + i, &v, 8);
         }
@@ -143,16 +149,16 @@ int main(int argc, char **argv)
     }
     if (small > 0)
         for (int i = 0; i < nb; i++) perm[i] %= small;
-    pa_seq seqs[S];
-    int64_t slots[S];
-    for (int s = 0; s < S; s++) {
-        seqs[s] = (pa_seq){.context_len = C - 1, .query_len = 1, .block_table = perm + s * nbps, .num_blocks = nbps};
-        slots[s] = -1; /* no new token written: the step only reads */
-    }
-    float *q = malloc(sizeof(float) * S * H * D), *o = malloc(sizeof(float) * S * H * D);
-    for (int64_t i = 0; i < (int64_t)S * H * D; i++) q[i] = (float)((i * 7919) % 200 - 100) / 400.f;
+    pa_seq seqs[16];
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)S * QL);
+    for (int s = 0; s < S; s++)
+        seqs[s] = (pa_seq){.context_len = C - QL, .query_len = QL, .block_table = perm + s * nbps, .num_blocks = nbps};
+    for (int i = 0; i < S * QL; i++) slots[i] = -1; /* no new token written: the step only reads */
+    const int64_t nq = (int64_t)S * QL * H * D;
+    float *q = malloc(sizeof(float) * (size_t)nq), *o = malloc(sizeof(float) * (size_t)nq);
+    for (int64_t i = 0; i < nq; i++) q[i] = (float)((i * 7919) % 200 - 100) / 400.f;
     if (q16) /* (the same queries truncated to bf16, in place: word i never overlaps float j > i) */
-        for (int64_t i = 0; i < (int64_t)S * H * D; i++) {
+        for (int64_t i = 0; i < nq; i++) {
             uint32_t w;
             memcpy(&w, &q[i], 4);
             uint16_t h = (uint16_t)(w >> 16);
@@ -185,7 +191,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < nl; k++) { /* one warm-up forward each, and its checksum */
         lib *l = &libs[k];
         CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &a));
-        for (int i = 0; i < S * H * D; i++) sum[k] += o[i];
+        for (int64_t i = 0; i < nq; i++) sum[k] += o[i];
     }
     for (int r = 0; r < rounds; r++)
         for (int kk = 0; kk < nl; kk++) {

@@ -13,7 +13,8 @@
  *    4 rows x 64 dims, converted by pair split (16 accumulators);
  *  - prefill QK: 8 rows x 32 keys (two vectors of the transposed tile), q broadcast; on AMD
  *    12 rows x 16 keys, the broadcasts embedded in the FMAs (a5_qk_t8, a5_qk_t12);
- *  - prefill PV: 6 rows x 32 dims, probabilities broadcast.
+ *  - prefill PV: 8 rows x 32 dims, probabilities broadcast; on AMD 12 rows x 16 dims, the
+ *    broadcasts embedded (a5_pv8, a5_pv12).
  * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
  * E4M3 decode rows: f32 words 2^-120 times the value (PA__CPU_E4M3B, cvt16r) on AMD, whose FP
  * units take the subnormal ones at full speed, with the query rows and probabilities 2^120 times
@@ -330,7 +331,7 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     const bool pairs = dt == PA_DTYPE_BF16 && !vd;
-    const int NVM = R == 4 && pairs ? 4 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
+    const int NVM = R == 4 && pairs ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
@@ -358,8 +359,9 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
     pfc_step(&pc, -1);
 }
 
-/* Rows in groups of G (4 for decode, 12 for prefill tiles: one 16-dim vector per row, so each
- * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t12), the rest
+/* Rows in groups of G (4 for decode; for prefill tiles 12, one 16-dim vector per row, so each
+ * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t12, or 8,
+ * two vectors per row), the rest
  * in groups of at most 6, over
  * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
  * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
@@ -389,6 +391,7 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
             float *orow = o + (size_t)r * dp;
             switch (take) {
             case 12: pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 8: pvz_rows(8, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 6: pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 5: pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             case 4: pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
@@ -435,12 +438,30 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
 /* (the driver's stride CPU_KT and unmasked tiles get their own instance: with ldp and the mask
  * as variables the key loop of the AVX2 twin reloaded row offsets from the stack, and this one
  * multiplied by dp from the stack for every key) */
-static void a5_pv(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
-                  const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+AI void pv_tile(int G, const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
+                const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     /* pf: pvz_all spreads it over its row groups (as the decode rows, at CPU_KPFL) */
-    if (ldp == CPU_KT && !colmask) pvz_all(12, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, pf);
-    else pvz_all(12, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    if (ldp == CPU_KT && !colmask) pvz_all(G, PA_DTYPE_F32, NULL, v, nc, p, CPU_KT, nr, dp, alpha, NULL, o, pf);
+    else pvz_all(G, PA_DTYPE_F32, NULL, v, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+}
+
+/* Prefill PV over the converted V tile, two blockings as prefill QK (a5_qk_t12, a5_qk_t8), for
+ * the same reason: 12 rows x 16 dims, each broadcast probability one FMA's embedded broadcast
+ * (AMD); 8 rows x 32 dims elsewhere, 10 loads per 16 FMAs against 13 per 12 (an Intel core
+ * issues two 512-bit loads per cycle). 2048-token causal f32 prefill on one core of the Xeon,
+ * with the exp16 change, one process alternating: median 339.8 -> 326.7 ms; the PV change alone
+ * 332.4 (bench/NOTES.md, twenty-seventh pass). */
+static void a5_pv12(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
+                    const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    pv_tile(12, p, ldp, nr, v, nc, dp, alpha, colmask, o, pf);
+}
+
+static void a5_pv8(const float *p, int ldp, int nr, const float *v, int nc, int dp, const float *alpha,
+                   const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    pv_tile(8, p, ldp, nr, v, nc, dp, alpha, colmask, o, pf);
 }
 
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
@@ -529,8 +550,8 @@ static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, fl
 
 /* ---- softmax: exp ------------------------------------------------------------------------- */
 
-/* The AVX2 path's exp8 at 16 lanes (the same operations and constants, so the same bits per
- * element): Cody-Waite reduction by ln 2, Cephes expf's degree-6 polynomial, ~1 ulp; inputs
+/* The AVX2 path's exp8 at 16 lanes (the same constants and, but for the last step's vscalefps,
+ * operations; the same bits per element): Cody-Waite reduction by ln 2, Cephes expf's degree-6 polynomial, ~1 ulp; inputs
  * clamped to [-87.3, 88.3], so no result is subnormal. */
 AI __m512 exp16(__m512 x)
 {
@@ -547,8 +568,9 @@ AI __m512 exp16(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    /* p 2^n by vscalefps (one operation, against a conversion, an add, a shift and a multiply
+     * building 2^n): the same exact product, n being integral and every result normal */
+    return _mm512_scalef_ps(p, n);
 }
 
 /* s[i .. i + 16) where `live` is set = exp(s - m), -0 where s is -inf (a masked key); returns
@@ -585,7 +607,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd)
 {
     k->name = "avx512";
     k->load_rows = a5_load_rows;
-    k->pv = a5_pv;
+    k->pv = amd ? a5_pv12 : a5_pv8;
     k->qk_src = a5_qk_src;
     k->qk_src_pairs = a5_qk_src_pairs;
     k->pair_span = 32;
