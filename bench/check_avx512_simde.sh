@@ -40,6 +40,8 @@ static inline __m512i _mm512_cvtepu8_epi32(__m128i x) { uint8_t a[16]; uint32_t 
   for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
 static inline __m512i _mm512_cvtepi8_epi32(__m128i x) { int8_t a[16]; int32_t u[16]; __m512i r; memcpy(a, &x, 16);
   for (int i = 0; i < 16; i++) u[i] = a[i]; memcpy(&r, u, 64); return r; }
+static inline __mmask32 _mm512_cmpeq_epi16_mask(__m512i a, __m512i b) { uint16_t x[32], y[32]; __mmask32 k = 0;
+  memcpy(x, &a, 64); memcpy(y, &b, 64); for (int i = 0; i < 32; i++) k |= (__mmask32)(x[i] == y[i]) << i; return k; }
 static inline float _mm512_reduce_add_ps(__m512 x) { float f[16]; memcpy(f, &x, 64); float s = 0;
   for (int i = 0; i < 16; i++) s += f[i]; return s; }
 #define _mm512_shuffle_f32x4(a, b, imm) simde_mm512_shuffle_f32x4((a), (b), (imm))
