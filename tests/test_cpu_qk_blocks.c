@@ -1,11 +1,13 @@
 /* test_cpu_qk_blocks.c: the AVX-512 path's two prefill QK blockings (pa__cpu_kernels_init_avx512:
- * 12 rows x 16 keys on AMD, 8 rows x 32 keys elsewhere) give the same bits. The case grid runs
+ * 12 rows x 16 keys on AMD, 8 rows x 32 keys elsewhere) give the same bits, and so do its two
+ * prefill PV blockings (12 rows x 16 dims on AMD, 8 rows x 32 dims elsewhere). The case grid runs
  * only the one this machine's vendor gets, so here both tables are built directly and their qk_t
- * run side by side over random tiles: every row count 1..CPU_ROWS that a tile can have, tile
- * widths across the 16-key boundaries, head sizes 16..256, and the prefetch list given or not.
- * Each score is the same FMAs in the same order in either blocking, so any difference is a bug
- * (a row or key left out, a block written over its neighbour, a partial chunk summed twice).
- * Skips where this build or this CPU has no AVX-512 path. */
+ * and pv run side by side over random tiles: every row count 1..CPU_ROWS that a tile can have,
+ * tile widths across the 16-key boundaries, head sizes 16..256, and the prefetch list given or
+ * not; for PV also alpha given or not, a column mask or none, and two probability strides.
+ * Each score (each output) is the same FMAs in the same order in either blocking, so any
+ * difference is a bug (a row or key left out, a block written over its neighbour, a partial chunk
+ * summed twice). Skips where this build or this CPU has no AVX-512 path. */
 #include "test.h"
 
 #include "backends/cpu/cpu.h"
@@ -97,9 +99,59 @@ int main(void)
                         if ((rr >= nr || cc >= n16) && sa[rr * CPU_KT + cc] != -7.0f && diffs++ < 5)
                             printf("nr %d dp %d nc %d: s[%d][%d] written\n", nr, dp, nc, rr, cc);
             }
-    printf("%d cases, %d differences\n", cases, diffs);
+    printf("qk_t: %d cases, %d differences\n", cases, diffs);
     CHECK(cases > 500);
     CHECK(diffs == 0);
-    free(q), free(kt), free(sa), free(sb);
+
+    /* PV: O = alpha O + P V over a dense fp32 V tile (nc rows, dp apart) */
+    CHECK(ka.pv != NULL && kb.pv != NULL && ka.pv != kb.pv);
+    if (!ka.pv || !kb.pv) return test_exit();
+    const int ldps[] = {CPU_KT, CPU_KT + 16};
+    float *p = aligned_alloc(64, sizeof(float) * CPU_ROWS * (CPU_KT + 16));
+    float *v = aligned_alloc(64, sizeof(float) * CPU_KT * dmax);
+    float *o0 = aligned_alloc(64, sizeof(float) * CPU_ROWS * dmax);
+    float *oa = aligned_alloc(64, sizeof(float) * (CPU_ROWS + 1) * dmax);
+    float *ob = aligned_alloc(64, sizeof(float) * (CPU_ROWS + 1) * dmax);
+    float alpha[CPU_ROWS];
+    unsigned char colmask[CPU_KT];
+    int pcases = 0, pdiffs = 0;
+    for (int nr = 1; nr <= CPU_ROWS; nr += nr < 30 ? 1 : 7)
+        for (int di = 0; di < (int)(sizeof dps / sizeof dps[0]); di++)
+            for (int nc = 1; nc <= CPU_KT; nc += nc < 20 ? 3 : 11) {
+                const int dp = dps[di], ldp = ldps[(nr + dp / 16) % 2];
+                const bool masked = (nr + nc) % 3 == 0, scaled = (nr * 7 + nc) % 4 != 0;
+                for (int i = 0; i < nr * ldp; i++) p[i] = rnd() * rnd() < 0 ? -0.0f : fabsf(rnd()) / 4;
+                for (int i = 0; i < nc * dp; i++) v[i] = rnd();
+                for (int i = 0; i < nr * dp; i++) o0[i] = rnd();
+                for (int r = 0; r < nr; r++) alpha[r] = fabsf(rnd()) / 4;
+                for (int c = 0; c < CPU_KT; c++) colmask[c] = (unsigned char)(c % 5 != 2);
+                /* (a row past nr, poisoned: the kernels must not write it) */
+                for (int i = 0; i < (CPU_ROWS + 1) * dp; i++) oa[i] = ob[i] = NAN;
+                memcpy(oa, o0, sizeof(float) * nr * dp);
+                memcpy(ob, o0, sizeof(float) * nr * dp);
+                pa__cpu_pf pf = {pfrows, nc, 256};
+                const pa__cpu_pf *pp = (nr + nc) % 2 ? &pf : NULL;
+                ka.pv(p, ldp, nr, v, nc, dp, scaled ? alpha : NULL, masked ? colmask : NULL, oa, pp);
+                kb.pv(p, ldp, nr, v, nc, dp, scaled ? alpha : NULL, masked ? colmask : NULL, ob, pp);
+                pcases++;
+                if (memcmp(oa, ob, sizeof(float) * nr * dp)) {
+                    if (pdiffs++ < 5) printf("pv nr %d dp %d nc %d: the two blockings differ\n", nr, dp, nc);
+                    continue;
+                }
+                for (int i = nr * dp; i < (nr + 1) * dp; i++)
+                    if (!isnan(oa[i]) && pdiffs++ < 5) printf("pv nr %d dp %d nc %d: o[%d] written\n", nr, dp, nc, i);
+                /* one spot check per case against a plain sum */
+                const int r = nr / 2, j = dp - 1;
+                double want = (double)o0[r * dp + j] * (scaled ? alpha[r] : 1.0f);
+                for (int c = 0; c < nc; c++)
+                    if (!masked || colmask[c]) want += (double)p[r * ldp + c] * v[c * dp + j];
+                const double got = oa[r * dp + j], tol = 1e-4 * (1 + fabs(want));
+                if (fabs(got - want) > tol && pdiffs++ < 5)
+                    printf("pv nr %d dp %d nc %d: o[%d][%d] = %g, want %g\n", nr, dp, nc, r, j, got, want);
+            }
+    printf("pv: %d cases, %d differences\n", pcases, pdiffs);
+    CHECK(pcases > 500);
+    CHECK(pdiffs == 0);
+    free(q), free(kt), free(sa), free(sb), free(p), free(v), free(o0), free(oa), free(ob);
     return test_exit();
 }
