@@ -16,7 +16,9 @@
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
  * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
  * ISAS=a,b,... (PAGEDATTN_CPU_ISA for each library's context in turn: one build under several
- * paths, given as copies of the .so at different paths so that each dlopen is its own).
+ * paths, given as copies of the .so at different paths so that each dlopen is its own),
+ * LAYOUTS=a,b,... (hnd | nhd: each library's cache layout in turn, over two caches holding the
+ * same values; copies of one .so again compare the layouts).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -121,11 +123,17 @@ int main(int argc, char **argv)
     pa_status (*cache_alloc)(pa_cache *);
     *(void **)&cache_init = dlsym(handles[0], "pa_cache_init");
     *(void **)&cache_alloc = dlsym(handles[0], "pa_cache_alloc");
-    pa_cache cache;
-    if (!cache_init || !cache_alloc || cache_init(&cache, PA_LAYOUT_HND, cd, nb, BS, HKV, D) || cache_alloc(&cache)) {
-        fprintf(stderr, "cache: %s\n", libs[0].last_error());
-        return 1;
-    }
+    /* LAYOUTS=a,b,...: each library's cache layout in turn (hnd | nhd; default hnd), over two
+     * caches of the same bytes (the NHD one is the HND one's values rearranged, so every layout
+     * computes the same attention and the checksums agree) */
+    pa_cache caches[2];
+    for (int L = 0; L < 2; L++)
+        if (!cache_init || !cache_alloc || cache_init(&caches[L], L ? PA_LAYOUT_NHD : PA_LAYOUT_HND, cd, nb, BS, HKV, D) ||
+            cache_alloc(&caches[L])) {
+            fprintf(stderr, "cache: %s\n", libs[0].last_error());
+            return 1;
+        }
+    pa_cache cache = caches[0];
     const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_F32 ? 4 : cd == PA_DTYPE_FP8_E4M3 ? 1 : 2);
     uint64_t x = 1;
     for (int w = 0; w < 2; w++) {
@@ -136,6 +144,17 @@ int main(int argc, char **argv)
                          : cd == PA_DTYPE_F32    ? (x & 0x3f7fffff3f7fffffull) | 0x3c0000003c000000ull
                                                  : (x & 0x3f7f3f7f3f7f3f7full) | 0x3000300030003000ull;
             memcpy(p + i, &v, 8);
+        }
+    }
+    { /* the NHD copy: [block][token][head][dim] from HND's [block][head][token][dim] */
+        const size_t es = bytes / ((size_t)nb * BS * HKV * D), row = (size_t)D * es;
+        for (int w = 0; w < 2; w++) {
+            const unsigned char *src = w ? caches[0].value : caches[0].key;
+            unsigned char *dst = w ? caches[1].value : caches[1].key;
+            for (size_t b = 0; b < (size_t)nb; b++)
+                for (size_t h = 0; h < HKV; h++)
+                    for (size_t t = 0; t < BS; t++)
+                        memcpy(dst + ((b * BS + t) * HKV + h) * row, src + ((b * HKV + h) * BS + t) * row, row);
         }
     }
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nb);
@@ -187,10 +206,17 @@ int main(int argc, char **argv)
         CK(l, l->plan_create(l->ctx, l->layer, l->batch, &l->plan));
     }
     pa_forward_args a = {.q = q, .cache = &cache, .out = o};
+    pa_forward_args *args = malloc(sizeof(pa_forward_args) * (size_t)nl);
+    for (int k = 0; k < nl; k++) { /* the k-th comma-separated entry of LAYOUTS */
+        const char *p = getenv("LAYOUTS");
+        for (int i = 0; i < k && p; i++) p = strchr(p, ','), p = p ? p + 1 : NULL;
+        args[k] = a;
+        args[k].cache = p && !strncmp(p, "nhd", 3) ? &caches[1] : &caches[0];
+    }
     double *t = malloc(sizeof(double) * (size_t)nl * rounds * reps), *sum = calloc((size_t)nl, sizeof(double));
     for (int k = 0; k < nl; k++) { /* one warm-up forward each, and its checksum */
         lib *l = &libs[k];
-        CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &a));
+        CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &args[k]));
         for (int64_t i = 0; i < nq; i++) sum[k] += o[i];
     }
     for (int r = 0; r < rounds; r++)
@@ -199,7 +225,7 @@ int main(int argc, char **argv)
             lib *l = &libs[k];
             for (int e = 0; e < reps; e++) {
                 double t0 = now();
-                CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &a));
+                CK(l, l->attn_forward(l->ctx, l->layer, l->batch, l->plan, &args[k]));
                 t[(size_t)k * rounds * reps + (size_t)r * reps + e] = (now() - t0) * 1e3;
             }
         }
