@@ -168,6 +168,11 @@ typedef struct pa__cpu_kernels {
      * rows the driver reads next (the next tile's K rows), prefetched by pf_share over the call. */
     void (*pv)(const float *p, int ldp, int nr, const float *v, int nc, int dp,
                const float *alpha, const unsigned char *colmask, float *o, const struct pa__cpu_pf *pf);
+    /* Optional (NULL: load_rows, then pv). pv over fp32 V rows where they lie (vrows[c]: key c's
+     * row, dp == d), for tiles whose V the driver would otherwise copy to scratch unchanged (an
+     * f32 cache, or f32 rows of the step's own keys); the same sums in the same order as pv. */
+    void (*pv_rows)(const float *p, int ldp, int nr, const void *const *vrows, int nc, int dp,
+                    const float *alpha, const unsigned char *colmask, float *o, const struct pa__cpu_pf *pf);
     /* Optional (NULL: load_rows + qk). Prefill tiles: kt[j * CPU_KT + i] = convert(rows[i][j])
      * (transposed, zero for j >= d and for i in [n, n rounded up to 16)); then
      * S[r][c] = dot(Q[r], K[c]) as outer products (no horizontal sums); S columns up to nc

@@ -494,6 +494,12 @@ static void run_item(void *arg, int64_t index, int thread)
                         K->pv_bf16(pk, CPU_KT, nrk, (const uint32_t *)vv, nc, dp, ak, ok, pf);
                         continue;
                     }
+                    if (K->pv_rows && ks[k].dtype == PA_DTYPE_F32 && d == dp &&
+                        !(cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))) {
+                        /* fp32 V rows as they lie: the scratch copy would change nothing */
+                        K->pv_rows(pk, CPU_KT, nrk, vrows, nc, dp, ak, cm, ok, pf);
+                        continue;
+                    }
                     K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
                     if (cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))
                         pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);

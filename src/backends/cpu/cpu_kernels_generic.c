@@ -98,6 +98,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->load_rows_t = NULL;
     k->qk_t = NULL;
     k->pv_src = NULL;
+    k->pv_rows = NULL;
     k->qk_src_bf16 = NULL;
     k->qk_t_bf16 = NULL;
     k->qk_src_pairs = NULL;

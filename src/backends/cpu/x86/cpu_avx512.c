@@ -464,6 +464,19 @@ static void a5_pv8(const float *p, int ldp, int nr, const float *v, int nc, int 
     pv_tile(8, p, ldp, nr, v, nc, dp, alpha, colmask, o, pf);
 }
 
+/* pv_rows (cpu.h): the same blockings over fp32 rows where they lie */
+static void a5_pv_rows12(const float *p, int ldp, int nr, const void *const *vrows, int nc, int dp,
+                         const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    pvz_all(12, PA_DTYPE_F32, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+}
+
+static void a5_pv_rows8(const float *p, int ldp, int nr, const void *const *vrows, int nc, int dp,
+                        const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    pvz_all(8, PA_DTYPE_F32, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+}
+
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
 
 /* R rows x 16 KB keys from c0: R x KB accumulators, one broadcast of q per row and dimension;
@@ -608,6 +621,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd)
     k->name = "avx512";
     k->load_rows = a5_load_rows;
     k->pv = amd ? a5_pv12 : a5_pv8;
+    k->pv_rows = amd ? a5_pv_rows12 : a5_pv_rows8;
     k->qk_src = a5_qk_src;
     k->qk_src_pairs = a5_qk_src_pairs;
     k->pair_span = 32;
