@@ -489,9 +489,9 @@ static inline __attribute__((always_inline)) void pv_src_body(pa_dtype dt, const
  * gcc ran out of general registers and reloaded three row offsets from the stack, and tested
  * the mask, for every key (32 instructions per 12 FMAs; 24 now, as in qkt_block) */
 static inline __attribute__((always_inline)) void pv6_rows(const float *p, int ldp, int r6, const float *v,
-                                                           int nc, int dp, const float *alpha,
-                                                           const unsigned char *colmask, float *o,
-                                                           const pa__cpu_pf *pf)
+                                                           const void *const *vrows, int nc, int dp,
+                                                           const float *alpha, const unsigned char *colmask,
+                                                           float *o, const pa__cpu_pf *pf)
 {
     int g = 0, ng = r6 / 6 * (dp / 16);
     if (!ng) pf_share(pf, 0, 1);
@@ -508,8 +508,10 @@ static inline __attribute__((always_inline)) void pv6_rows(const float *p, int l
             }
             for (int c = 0; c < nc; c++) {
                 if (colmask && !colmask[c]) continue;
-                const float *vc = v + (size_t)c * dp + j;
-                __m256 x0 = _mm256_load_ps(vc), x1 = _mm256_load_ps(vc + 8);
+                /* (vrows: fp32 rows where they lie, pv_rows; else the dense scratch tile) */
+                const float *vc = vrows ? (const float *)vrows[c] + j : v + (size_t)c * dp + j;
+                __m256 x0 = vrows ? _mm256_loadu_ps(vc) : _mm256_load_ps(vc);
+                __m256 x1 = vrows ? _mm256_loadu_ps(vc + 8) : _mm256_load_ps(vc + 8);
                 for (int i = 0; i < 6; i++) {
                     __m256 w = _mm256_broadcast_ss(p0 + (size_t)i * ldp + c);
                     a[i][0] = _mm256_fmadd_ps(w, x0, a[i][0]);
@@ -528,12 +530,24 @@ static void a2_pv(const float *p, int ldp, int nr, const float *v, int nc, int d
                   const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     int r = rows6(nr);
-    if (ldp == CPU_KT && !colmask) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, NULL, o, pf);
-    else if (ldp == CPU_KT) pv6_rows(p, CPU_KT, r, v, nc, dp, alpha, colmask, o, pf);
-    else pv6_rows(p, ldp, r, v, nc, dp, alpha, colmask, o, pf);
+    if (ldp == CPU_KT && !colmask) pv6_rows(p, CPU_KT, r, v, NULL, nc, dp, alpha, NULL, o, pf);
+    else if (ldp == CPU_KT) pv6_rows(p, CPU_KT, r, v, NULL, nc, dp, alpha, colmask, o, pf);
+    else pv6_rows(p, ldp, r, v, NULL, nc, dp, alpha, colmask, o, pf);
     /* the rest: the decode PV body over dense fp32 rows */
     if (r < nr)
         pv_src_body(PA_DTYPE_F32, NULL, v, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask,
+                    o + (size_t)r * dp);
+}
+
+/* pv_rows (cpu.h): a2_pv over fp32 V rows where they lie */
+static void a2_pv_rows(const float *p, int ldp, int nr, const void *const *vrows, int nc, int dp,
+                       const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    int r = rows6(nr);
+    if (ldp == CPU_KT && !colmask) pv6_rows(p, CPU_KT, r, NULL, vrows, nc, dp, alpha, NULL, o, pf);
+    else pv6_rows(p, ldp, r, NULL, vrows, nc, dp, alpha, colmask, o, pf);
+    if (r < nr)
+        pv_src_body(PA_DTYPE_F32, vrows, NULL, nc, p + (size_t)r * ldp, ldp, nr - r, dp, alpha + r, colmask,
                     o + (size_t)r * dp);
 }
 
@@ -1235,6 +1249,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->row_max = a2_row_max;
     k->exp_row = a2_exp_row;
     k->pv = a2_pv;
+    k->pv_rows = a2_pv_rows;
     k->store_row = a2_store_row;
     k->qk_src = a2_qk_src;
     k->qk_src_pairs = a2_qk_src_pairs;
