@@ -121,59 +121,6 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     store_scores(R, KB, a, pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f, s, lds, c0);
 }
 
-/* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
- * by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per 16-dim
- * step of the blocks (pa__cpu_pfc). */
-AI void qkz_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
-                 int lds, const pa__cpu_pf *pf)
-{
-    const int KB = qk_keys_per_block(R);
-    pa__cpu_pfc pc = pfc_init(pf);
-    const int per = pfc_per(pf, nc / KB * (dp / 16));
-    int c = 0;
-    for (; c + KB <= nc; c += KB) qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
-    for (; c < nc; c++) qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
-    pfc_step(&pc, -1);
-}
-
-AI void qkz_src(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
-                int lds, const pa__cpu_pf *pf)
-{
-    int r = 0, ng = (nr + 3) / 4;
-    for (; r < nr; r += 4) {
-        pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        const pa__cpu_pf *pp = pf ? &part : NULL;
-        const float *qr = q + (size_t)r * dp;
-        float *sr = s + (size_t)r * lds;
-        switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkz_rows(4, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 3: qkz_rows(3, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 2: qkz_rows(2, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        default: qkz_rows(1, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        }
-    }
-}
-
-static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
-                      float *s, int lds, const pa__cpu_pf *pf)
-{
-    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
-    case PA__CPU_E4M3B: /* (q 2^120 times, cpu.h) */
-        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
-        else qkz_src(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
-        break;
-    case PA_DTYPE_F32: qkz_src(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_F16: qkz_src(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_BF16: qkz_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_FP8_E4M3:
-        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
-        else qkz_src(PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
-        break;
-    case PA_DTYPE_FP8_E5M2: qkz_src(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
-    default: break;
-    }
-}
-
 /* ---- decode QK over pair-split query rows (qk_src_pairs, pair_span 32) ---------------------- */
 
 /* 32 key values at p as bf16 words in memory order (32-bit lane i: dims 2i and 2i + 1): bf16 rows
@@ -220,33 +167,60 @@ AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     store_scores(R, KB, a, 1.0f, s, lds, c0);
 }
 
-AI void qkp_rows(int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
+/* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
+ * by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per dim step
+ * of the blocks (pa__cpu_pfc). P: the query rows pair-split, qkp_block's 32-dim steps. */
+AI void qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
-    const int per = pfc_per(pf, nc / KB * (dp / 32));
+    const int per = pfc_per(pf, nc / KB * (dp / (P ? 32 : 16)));
     int c = 0;
-    for (; c + KB <= nc; c += KB) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
-    for (; c < nc; c++) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
+    for (; c + KB <= nc; c += KB)
+        if (P) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
+        else qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
+    for (; c < nc; c++)
+        if (P) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
+        else qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
     pfc_step(&pc, -1);
 }
 
-AI void qkp_src(pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
+AI void qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
                 int lds, const pa__cpu_pf *pf)
 {
-    int ng = (nr + 3) / 4;
-    for (int r = 0; r < nr; r += 4) {
+    int r = 0, ng = (nr + 3) / 4;
+    for (; r < nr; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
         const pa__cpu_pf *pp = pf ? &part : NULL;
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkp_rows(4, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 3: qkp_rows(3, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 2: qkp_rows(2, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        default: qkp_rows(1, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 4: qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 3: qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 2: qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        default: qkz_rows(P, 1, dt, krows, nc, qr, dp, sr, lds, pp); break;
         }
+    }
+}
+
+static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                      float *s, int lds, const pa__cpu_pf *pf)
+{
+    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
+    case PA__CPU_E4M3B: /* (q 2^120 times, cpu.h) */
+        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(false, PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
+        else qkz_src(false, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+        break;
+    case PA_DTYPE_F32: qkz_src(false, PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qkz_src(false, PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qkz_src(false, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(false, PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
+        else qkz_src(false, PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        break;
+    case PA_DTYPE_FP8_E5M2: qkz_src(false, PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
+    default: break;
     }
 }
 
@@ -255,9 +229,9 @@ AI void qkp_src(pa_dtype dt, const void *const *krows, int nc, const float *q, i
 static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
-    if (dtype == PA_DTYPE_BF16) qkp_src(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
-    else if (pa__e4m3_rows_nan(krows, nc, dp)) qkp_src(PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
-    else qkp_src(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+    if (dtype == PA_DTYPE_BF16) qkz_src(true, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
+    else if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(true, PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
+    else qkz_src(true, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
 }
 
 /* ---- PV: O = O * alpha + P V -------------------------------------------------------------- */
