@@ -126,10 +126,11 @@ static const char *cpu_info(void)
     fill_kernels(st == PA_STATUS_OK ? chosen : best, fp8_bf16, &kt);
     const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
     const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16 or auto: contexts fail"
-                      : kt.e4m3_bf16     ? (forced8 ? "words 2^-120 times the value, bf16 (AVX2) or f32 (AVX-512) "
-                                                      "(forced by PAGEDATTN_CPU_FP8)"
-                                                    : "words 2^-120 times the value, bf16 (AVX2) or f32 (AVX-512) "
-                                                      "(AMD: subnormal FMA operands at full speed)")
+                      : kt.e4m3_bf16     ? (forced8 ? "words 2^-120 times the value: bf16 (AVX2; AVX-512 QK) or f32 "
+                                                      "(AVX-512 PV and QK over unsplit queries) (forced by PAGEDATTN_CPU_FP8)"
+                                                    : "words 2^-120 times the value: bf16 (AVX2; AVX-512 QK) or f32 "
+                                                      "(AVX-512 PV and QK over unsplit queries) (AMD: subnormal FMA "
+                                                      "operands at full speed)")
                       : fp8_bf16         ? "f16 forms (this ISA path has no bf16-word kernels)"
                       : forced8          ? "f16 forms (forced by PAGEDATTN_CPU_FP8)"
                                          : "f16 forms (not AMD: subnormal FMA operands may take microcode assists)";

@@ -8,17 +8,20 @@
  * Blocking: 32 vector registers allow 12 to 16 accumulators plus the operands everywhere:
  *  - decode QK: 4 query rows (one GQA 4 group) x 4 keys over 16-dim steps, each K chunk
  *    converted once for the 4 rows, the 16 sums reduced together (hsum16z); fewer rows take
- *    more keys;
+ *    more keys; bf16 rows (and E4M3 as bf16 words) over pair-split query rows in 32-dim steps
+ *    (qkp_block);
  *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key; over bf16 rows
  *    4 rows x 64 dims, converted by pair split (16 accumulators);
  *  - prefill QK: 8 rows x 32 keys (two vectors of the transposed tile), q broadcast; on AMD
  *    12 rows x 16 keys, the broadcasts embedded in the FMAs (a5_qk_t8, a5_qk_t12);
  *  - prefill PV: 8 rows x 32 dims, probabilities broadcast; on AMD 12 rows x 16 dims, the
  *    broadcasts embedded (a5_pv8, a5_pv12).
- * Reductions: the two 256-bit halves are added, then the same hadd tree as the AVX2 path.
- * E4M3 decode rows: f32 words 2^-120 times the value (PA__CPU_E4M3B, cvt16r) on AMD, whose FP
- * units take the subnormal ones at full speed, with the query rows and probabilities 2^120 times
- * theirs; f16 forms elsewhere (cpu.h, e4m3_bf16).
+ * Reductions: decode QK by the transpose-and-add tree hsum16z (blocks of 12 or more sums), else
+ * the two 256-bit halves added, then the same hadd tree as the AVX2 path.
+ * E4M3 decode rows: words 2^-120 times the value (PA__CPU_E4M3B; bf16 words in QK over
+ * pair-split queries, words32, f32 words otherwise, cvt16r) on AMD, whose FP units take the
+ * subnormal ones at full speed, with the query rows and probabilities 2^120 times theirs; f16
+ * forms elsewhere (cpu.h, e4m3_bf16).
  * Written on AVX2-only machines and checked there under SIMDe (bench/check_avx512_simde.sh);
  * since run and timed natively on Intel Xeons (bench/NOTES.md, nineteenth and twenty-sixth
  * passes), not yet on Zen 4. */
