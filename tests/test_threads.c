@@ -163,7 +163,11 @@ int main(void)
         double e = fabs((double)want_cpu[i] - want_ref[i]);
         if (!(e <= worst)) worst = e;
     }
-    CHECK(worst < 1e-4);
+    /* fp32 accumulation, and the contract's rounding of the probabilities to the bf16 value
+     * dtype before P*V (the avx512bf16 path, the default on AMD; values in [-1, 1): at most 2^-9
+     * of one) */
+    printf("cpu alone vs the reference: worst difference %.3g\n", worst);
+    CHECK(worst < 1e-4 + 1.0 / 256);
 
     /* round 0: every thread its own layer and batch; round 1: one of each, shared by all */
     handles shared;
