@@ -11,6 +11,7 @@
 
 /* weak: a build without the cpu backend (PAGEDATTN_CPU=OFF) links and skips */
 extern pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f) __attribute__((weak));
+extern bool pa__cpu_avx512_rows12(const pa__cpu_features *f) __attribute__((weak));
 
 static void expect(const char *what, const pa__cpu_features *f, pa__cpu_isa want)
 {
@@ -48,6 +49,16 @@ int main(void)
     f.os_zmm = false; /* the OS does not save the ZMM state: no AVX-512 path at all */
     f.avx512bf16 = true;
     expect("AVX512-BF16 without OS support, AMD", &f, PA__ISA_AVX2);
+    /* the AVX-512 prefill blocking: 12 x 16 on Zen 4 (family 0x19) only */
+    f.family = 0x19;
+    CHECK(pa__cpu_avx512_rows12(&f));
+    f.family = 0x1a; /* Zen 5 */
+    CHECK(!pa__cpu_avx512_rows12(&f));
+    f.amd = false;
+    f.family = 0x19; /* (no such Intel family; the vendor decides first) */
+    CHECK(!pa__cpu_avx512_rows12(&f));
+    f.family = 6;
+    CHECK(!pa__cpu_avx512_rows12(&f));
 #elif defined(PA__CPU_ARM64)
     f.neon = true;
     expect("AArch64 Advanced SIMD", &f, PA__ISA_NEON);

@@ -1,7 +1,7 @@
 /* test_cpu_qk_blocks.c: the AVX-512 path's two prefill QK blockings (pa__cpu_kernels_init_avx512:
- * 12 rows x 16 keys on AMD, 8 rows x 32 keys elsewhere) give the same bits, and so do its two
- * prefill PV blockings (12 rows x 16 dims on AMD, 8 rows x 32 dims elsewhere). The case grid runs
- * only the one this machine's vendor gets, so here both tables are built directly and their qk_t
+ * 12 rows x 16 keys on Zen 4, 8 rows x 32 keys elsewhere) give the same bits, and so do its two
+ * prefill PV blockings (12 rows x 16 dims on Zen 4, 8 rows x 32 dims elsewhere). The case grid
+ * runs only the one this machine's CPU gets, so here both tables are built directly and their qk_t
  * and pv run side by side over random tiles: every row count 1..CPU_ROWS that a tile can have,
  * tile widths across the 16-key boundaries, head sizes 16..256, and the prefetch list given or
  * not; for PV also alpha given or not, a column mask or none, and two probability strides.
@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* weak: a build without the AVX-512 kernels (or without the cpu backend) links and skips */
-extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd) __attribute__((weak));
+extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12) __attribute__((weak));
 extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
 extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));
 extern bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f) __attribute__((weak));

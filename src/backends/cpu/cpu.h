@@ -307,7 +307,7 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 #  define PA__CPU_X86 1
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd); /* amd: the CPU's vendor (a blocking) */
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12); /* rows12: pa__cpu_avx512_rows12 */
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k);
 #  endif
 #endif
@@ -325,8 +325,12 @@ typedef struct pa__cpu_features {
     /* x86 vendor AMD (or Hygon): its FP units take subnormal FMA operands at full speed (Zen 3
      * measured, bench/NOTES.md twenty-first pass), where Intel's call microcode assists */
     bool amd;
+    int family; /* x86 display family (base + extended; 0x19 Zen 3 and 4, 0x1a Zen 5, 6 Intel) */
 } pa__cpu_features;
 void pa__cpu_detect(pa__cpu_features *f);
+/* Whether the AVX-512 prefill kernels take 12 rows x 16 keys or dims (each query or probability
+ * broadcast embedded in its one FMA) instead of 8 x 32: on Zen 4 only (cpu_backend.c). */
+bool pa__cpu_avx512_rows12(const pa__cpu_features *f);
 
 typedef enum {
     PA__ISA_GENERIC = 0,

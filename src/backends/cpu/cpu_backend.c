@@ -51,6 +51,17 @@ pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f)
     return w == PA__ISA_AVX512BF16 && !f->amd ? PA__ISA_AVX512 : w;
 }
 
+/* The 12 x 16 blocking of the AVX-512 prefill kernels was chosen for Zen 4 on llvm-mca's model,
+ * in which a zmm broadcast occupies an FP pipe beside the FMAs unless it is folded into one FMA
+ * (bench/NOTES.md, eighth pass); unmeasured there. Everywhere it was measured, 8 x 32 (fewer
+ * loads per FMA) was the faster: an Intel Xeon (twenty-sixth pass) and a Zen 5 EPYC, whose
+ * 512-bit pipes are full width (f32 prefill 2048, one thread: 212 -> 190 ms; twenty-eighth
+ * pass). */
+bool pa__cpu_avx512_rows12(const pa__cpu_features *f)
+{
+    return f->amd && f->family == 0x19;
+}
+
 /* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
  * silent fallback), else pa__cpu_default_isa. */
 static pa_status choose_isa(pa__cpu_isa *out)
@@ -98,7 +109,7 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
     if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
         pa__cpu_features f;
         pa__cpu_detect(&f);
-        pa__cpu_kernels_init_avx512(k, f.amd);
+        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f));
     }
     if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k);
 #  endif
@@ -155,10 +166,14 @@ static const char *cpu_info(void)
              f.os_zmm, f.neon,
 #ifdef PAGEDATTN_HAVE_AVX512
              pa__cpu_isa_usable(PA__ISA_AVX512, &f)
-                 ? "built, runs here (its tests passed natively on one Intel Xeon and under SIMDe)"
+                 ? (pa__cpu_avx512_rows12(&f) ? "built, runs here (its tests passed natively on an Intel Xeon and a Zen 5 "
+                                                "EPYC and under SIMDe); prefill blocks 12 rows x 16 (Zen 4)"
+                                              : "built, runs here (its tests passed natively on an Intel Xeon and a Zen 5 "
+                                                "EPYC and under SIMDe); prefill blocks 8 rows x 32")
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
-                 ? "built, runs here (its QK and PV passed the tests natively on one Intel Xeon and under SIMDe)"
+                 ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 EPYC and "
+                   "under SIMDe)"
                  : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",

@@ -12,9 +12,9 @@
  *    (qkp_block);
  *  - decode PV: 4 rows x 48 dims (3 vectors), V chunk converted once per key; over bf16 rows
  *    4 rows x 64 dims, converted by pair split (16 accumulators);
- *  - prefill QK: 8 rows x 32 keys (two vectors of the transposed tile), q broadcast; on AMD
+ *  - prefill QK: 8 rows x 32 keys (two vectors of the transposed tile), q broadcast; on Zen 4
  *    12 rows x 16 keys, the broadcasts embedded in the FMAs (a5_qk_t8, a5_qk_t12);
- *  - prefill PV: 8 rows x 32 dims, probabilities broadcast; on AMD 12 rows x 16 dims, the
+ *  - prefill PV: 8 rows x 32 dims, probabilities broadcast; on Zen 4 12 rows x 16 dims, the
  *    broadcasts embedded (a5_pv8, a5_pv12).
  * Reductions: decode QK by the transpose-and-add tree hsum16z (blocks of 12 or more sums), else
  * the two 256-bit halves added, then the same hadd tree as the AVX2 path.
@@ -24,7 +24,7 @@
  * forms elsewhere (cpu.h, e4m3_bf16).
  * Written on AVX2-only machines and checked there under SIMDe (bench/check_avx512_simde.sh);
  * since run and timed natively on Intel Xeons (bench/NOTES.md, nineteenth and twenty-sixth
- * passes), not yet on Zen 4. */
+ * passes) and on a Zen 5 EPYC (twenty-eighth), not yet on Zen 4. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
 #include "cpu_x86_fp8.h"
@@ -425,7 +425,7 @@ AI void pv_tile(int G, const float *p, int ldp, int nr, const float *v, int nc, 
 
 /* Prefill PV over the converted V tile, two blockings as prefill QK (a5_qk_t12, a5_qk_t8), for
  * the same reason: 12 rows x 16 dims, each broadcast probability one FMA's embedded broadcast
- * (AMD); 8 rows x 32 dims elsewhere, 10 loads per 16 FMAs against 13 per 12 (an Intel core
+ * (Zen 4); 8 rows x 32 dims elsewhere, 10 loads per 16 FMAs against 13 per 12 (an Intel core
  * issues two 512-bit loads per cycle). 2048-token causal f32 prefill on one core of the Xeon,
  * with the exp16 change, one process alternating: median 339.8 -> 326.7 ms; the PV change alone
  * 332.4 (bench/NOTES.md, twenty-seventh pass). */
@@ -488,7 +488,7 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
 }
 
 /* Prefill QK, two blockings (each row's sums are the same FMAs in the same order in either):
- * - G = 12 rows x 16 keys (the default on AMD): each broadcast query element feeds one FMA, so
+ * - G = 12 rows x 16 keys (the default on Zen 4 only, pa__cpu_avx512_rows12): each broadcast query element feeds one FMA, so
  *   the compiler folds it into the FMA as an embedded broadcast ({1to16}). With 6 rows x 32 keys
  *   each broadcast fed two FMAs and stayed a separate vbroadcastss, which llvm-mca 19's Zen 4
  *   model (-mcpu=znver4) runs on the FP1 pipe beside the FMAs: 18 cycles per 12 FMAs, against 12
@@ -497,7 +497,9 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
  *   load alone, and 12 x 16 needs 13 loads per 12 FMAs, more than the two 512-bit loads per
  *   cycle that keep the FMAs fed; 8 x 32 needs 10 per 16. A 2048-token causal prefill on one
  *   core of an Intel Xeon (Emerald Rapids), three alternating rounds: f32 343-365 ms against
- *   373-452, bf16 342-355 against 359-392 (bench/NOTES.md, twenty-sixth pass).
+ *   373-452, bf16 342-355 against 359-392 (bench/NOTES.md, twenty-sixth pass). On a Zen 5
+ *   EPYC (full-width 512-bit pipes) 8 x 32 for both QK and PV: f32 212 -> 190 ms, one thread
+ *   (twenty-eighth pass).
  * The rows left over go in blocks of up to 6 x 32; pf is prefetched one share per block of G. */
 AI void qk_t_rows(int G, const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
                   const pa__cpu_pf *pf)
@@ -593,17 +595,17 @@ static float a5_exp_row(float *s, int n, float m)
     return _mm512_reduce_add_ps(acc);
 }
 
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool amd)
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
 {
     k->name = "avx512";
     k->load_rows = a5_load_rows;
-    k->pv = amd ? a5_pv12 : a5_pv8;
-    k->pv_rows = amd ? a5_pv_rows12 : a5_pv_rows8;
+    k->pv = rows12 ? a5_pv12 : a5_pv8;
+    k->pv_rows = rows12 ? a5_pv_rows12 : a5_pv_rows8;
     k->qk_src = a5_qk_src;
     k->qk_src_pairs = a5_qk_src_pairs;
     k->pair_span = 32;
     k->pv_src = a5_pv_src;
-    k->qk_t = amd ? a5_qk_t12 : a5_qk_t8;
+    k->qk_t = rows12 ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->pf_spread = true;
     k->e4m3_bf16 = true;

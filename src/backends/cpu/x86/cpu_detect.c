@@ -23,6 +23,9 @@ void pa__cpu_detect(pa__cpu_features *f)
              || (b == 0x6f677948u && d == 0x6e65476eu && c == 0x656e6975u); /* HygonGenuine */
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+    /* EAX: base family in bits 8-11, extended family in bits 20-27 (added when base is 15) */
+    f->family = (int)((a >> 8) & 0xf);
+    if (f->family == 0xf) f->family += (int)((a >> 20) & 0xff);
     f->fma = (c >> 12) & 1;
     f->f16c = (c >> 29) & 1;
     uint64_t xcr0 = osxsave ? xgetbv0() : 0;
