@@ -190,8 +190,18 @@ AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint
 {
     _Static_assert(CPU_KT == 64, "32 pair words per row");
     for (int r = 0; r < nr; r++) {
-        float t[CPU_KT] __attribute__((aligned(64)));
         const float *pr = p + (size_t)r * ldp;
+        if (!idx) { /* the columns in order: straight from the row, zeros past n by the masks */
+            for (int i = 0; i < n; i += 32) {
+                const int m0 = n - i >= 16 ? 16 : n - i, m1 = n - i >= 32 ? 16 : n - i > 16 ? n - i - 16 : 0;
+                const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << m0) - 1), pr + i);
+                const __m512 b = _mm512_maskz_loadu_ps((__mmask16)((1u << m1) - 1), pr + i + 16);
+                __m512bh w = _mm512_cvtne2ps_pbh(b, a);
+                memcpy(pw + (size_t)r * 32 + i / 2, &w, sizeof w);
+            }
+            continue;
+        }
+        float t[CPU_KT] __attribute__((aligned(64)));
         int i = 0;
         for (; i < n; i++) t[i] = pr[idx ? idx[i] : i];
         for (; i < (n + 31) / 32 * 32; i++) t[i] = 0.0f;
@@ -306,11 +316,24 @@ static bool a5b_pv_src_bf16(const void *const *vrows, int nc, const float *p, in
                             const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     if (nr > 16 || nc > CPU_KT || dp > 512 || dp % 16) return false; /* (direct tiles never are) */
-    int idx[CPU_KT], nv = 0;
-    for (int c = 0; c < nc; c++)
-        if (!colmask || colmask[c]) idx[nv++] = c;
+    /* the keys taken: all (no column mask: the identity, and the probabilities straight from
+     * their rows) or the listed ones */
+    static const int all[CPU_KT] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+                                    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                    48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+    _Static_assert(CPU_KT == 64, "the identity list");
+    int sel[CPU_KT], nv = 0;
+    const int *idx = all;
+    if (colmask) {
+        for (int c = 0; c < nc; c++)
+            if (colmask[c]) sel[nv++] = c;
+        idx = sel;
+    } else {
+        nv = nc;
+    }
     uint32_t pw[16 * 32] __attribute__((aligned(64)));
-    probs_pairs(p, ldp, nr, idx, nv, pw);
+    probs_pairs(p, ldp, nr, colmask ? idx : NULL, nv, pw);
     float st[4 * 512] __attribute__((aligned(64)));
     __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
     const int g0 = nr < 4 ? nr : 4, ng = (nr + 3) / 4;
