@@ -13,6 +13,9 @@
 #ifndef CPU_DECODE_KT
 #  define CPU_DECODE_KT 32
 #endif
+#ifndef CPU_DECODE_KT8
+#  define CPU_DECODE_KT8 64 /* over 1-byte (fp8) caches: the same bytes per call as 32 bf16 keys */
+#endif
 #ifndef CPU_DECODE_PF
 #  define CPU_DECODE_PF 1
 #endif
@@ -21,6 +24,7 @@
 #endif
 _Static_assert(CPU_DECODE_PF >= 0 && CPU_DECODE_PF <= 4, "decode prefetch distance");
 _Static_assert(CPU_DECODE_KT >= 16 && CPU_DECODE_KT <= CPU_KT, "decode tile");
+_Static_assert(CPU_DECODE_KT8 >= 16 && CPU_DECODE_KT8 <= CPU_KT, "decode tile, fp8");
 
 typedef struct {
     pa__cpu_ctx *c;
@@ -333,9 +337,11 @@ static void run_item(void *arg, int64_t index, int thread)
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
          * prefetches spread over the kernels' loops, measured equal to 16 from DRAM for bf16 and
          * 5-10% faster L3-resident and for fp8; 16 was better while the driver prefetched each
-         * call's rows in one sweep) */
+         * call's rows in one sweep), over fp8 caches CPU_DECODE_KT8 (64: the same bytes per
+         * kernel call; on a Zen 5, one thread, 16 x 4096 E4M3 11.43 -> 10.03 ms, while 64 bf16
+         * keys were 11% slower than 32 from DRAM; bench/NOTES.md, twenty-eighth pass) */
         const int dpf = CPU_DECODE_PF;
-        if (direct) kt = CPU_DECODE_KT;
+        if (direct) kt = ks[0].esz == 1 ? CPU_DECODE_KT8 : CPU_DECODE_KT;
         /* bf16 keys: the query rows pair-split once per item, each 16-dim block of a key then
          * converts by one shift and one AND (qk_src_pairs). E4M3 keys on e4m3_bf16 tables: as
          * bf16 (or f32) words 2^-120 times their value (PA__CPU_E4M3B), with the query rows
