@@ -44,7 +44,8 @@ static pa__cpu_isa widest_isa(const pa__cpu_features *f)
  * of a lent GPU machine, twice: bench/NOTES.md nineteenth and twenty-fourth passes) vdpbf16ps
  * runs at half the FMA rate and the avx512bf16 path was the slower one (one thread: decode
  * 16 x 4096 bf16 up to 33%, prefill 2048 bf16 18-71%); DESIGN.md expects Zen 4 to issue it at
- * the FMA's rate, unmeasured. */
+ * the FMA's rate, unmeasured; on a Zen 5 it issues at twice the FMA's flops and the avx512bf16
+ * path is the faster (bf16 prefill 2048 125 against 183 ms, one thread; twenty-eighth pass). */
 pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f)
 {
     const pa__cpu_isa w = widest_isa(f);

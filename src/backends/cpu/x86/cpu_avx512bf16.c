@@ -15,8 +15,8 @@
  * fp32 kernels) where one is nonzero below 2^-90, inf or NaN (cpu.h, PA__CPU_BF16_TINY).
  * Checked on the whole case grid under SIMDe (bench/check_avx512_simde.sh, whose vdpbf16ps takes
  * subnormals as zero and flushes as Intel documents) and natively on Intel Xeons (where
- * vdpbf16ps issues at half the FMA rate: bench/NOTES.md, twenty-fourth and twenty-sixth passes);
- * not yet on Zen 4, the CPU it is the default on. */
+ * vdpbf16ps issues at half the FMA rate: bench/NOTES.md, twenty-fourth and twenty-sixth passes)
+ * and on a Zen 5 EPYC (at about twice the FMA's flops; twenty-eighth pass); not yet on Zen 4. */
 #include "../cpu.h"
 #include "cpu_avx512_util.h"
 
