@@ -219,7 +219,11 @@ AI void pv_out(float *o, __m512 x, const float *alpha, int h, bool stage)
     else _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_load_ps(o), _mm512_set1_ps(alpha ? alpha[h] : 1.0f), x));
 }
 
-/* One key pair (rb NULL: key a alone, its partner zero) into the R x NV accumulators. */
+/* One key pair (rb NULL: key a alone, its partner zero) into the R x NV accumulators. Each row's
+ * probability pair is broadcast once into a register for its NV dot products: as embedded
+ * broadcasts (dpbf16_bcst) every dot product was a load too, 20 loads per 16 dot products at
+ * NV 4, more than a Zen 5 core's two 512-bit loads per cycle feed (cache-resident decode 16 x
+ * 4096 6.44 -> 6.19 ms; bench/NOTES.md, twenty-eighth pass). */
 AI void pvb_pair(int R, int NV, bool SCAN, const char *ra, const char *rb, const uint32_t *pw, int i, __m512 *acc,
                  __m512i *mn, __m512i *mx)
 {
@@ -243,8 +247,10 @@ AI void pvb_pair(int R, int NV, bool SCAN, const char *ra, const char *rb, const
         if (SCAN) scan_words(w, mn, mx);
         x[u] = as_bh(w);
     }
-    for (int h = 0; h < R; h++)
-        for (int u = 0; u < NV; u++) acc[h * NV + u] = dpbf16_bcst(acc[h * NV + u], x[u], pw + h * 32 + i);
+    for (int h = 0; h < R; h++) {
+        const __m512bh w = as_bh(_mm512_set1_epi32((int)pw[h * 32 + i]));
+        for (int u = 0; u < NV; u++) acc[h * NV + u] = _mm512_dpbf16_ps(acc[h * NV + u], x[u], w);
+    }
 }
 
 /* Decode, dims [j, j + 16 NV) of R rows (at o, dp apart) over the nv listed keys (idx) of the
