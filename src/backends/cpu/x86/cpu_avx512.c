@@ -488,8 +488,9 @@ AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float
 }
 
 /* Prefill QK, two blockings (each row's sums are the same FMAs in the same order in either):
- * - G = 12 rows x 16 keys (the default on Zen 4 only, pa__cpu_avx512_rows12): each broadcast query element feeds one FMA, so
- *   the compiler folds it into the FMA as an embedded broadcast ({1to16}). With 6 rows x 32 keys
+ * - G = 12 rows x 16 keys (the default on Zen 4 only, pa__cpu_avx512_rows12): each broadcast
+ *   query element feeds one FMA, so the compiler folds it into the FMA as an embedded broadcast
+ *   ({1to16}). With 6 rows x 32 keys
  *   each broadcast fed two FMAs and stayed a separate vbroadcastss, which llvm-mca 19's Zen 4
  *   model (-mcpu=znver4) runs on the FP1 pipe beside the FMAs: 18 cycles per 12 FMAs, against 12
  *   with embedded broadcasts (not timed on a Zen 4: none has been available).

@@ -193,7 +193,8 @@ AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint
         const float *pr = p + (size_t)r * ldp;
         if (!idx) { /* the columns in order: straight from the row, zeros past n by the masks */
             for (int i = 0; i < n; i += 32) {
-                const int m0 = n - i >= 16 ? 16 : n - i, m1 = n - i >= 32 ? 16 : n - i > 16 ? n - i - 16 : 0;
+                const int left = n - i; /* 1..: the first vector takes up to 16, the second the rest */
+                const int m0 = left >= 16 ? 16 : left, m1 = left >= 32 ? 16 : left > 16 ? left - 16 : 0;
                 const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << m0) - 1), pr + i);
                 const __m512 b = _mm512_maskz_loadu_ps((__mmask16)((1u << m1) - 1), pr + i + 16);
                 __m512bh w = _mm512_cvtne2ps_pbh(b, a);
@@ -203,7 +204,7 @@ AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint
         }
         float t[CPU_KT] __attribute__((aligned(64)));
         int i = 0;
-        for (; i < n; i++) t[i] = pr[idx ? idx[i] : i];
+        for (; i < n; i++) t[i] = pr[idx[i]];
         for (; i < (n + 31) / 32 * 32; i++) t[i] = 0.0f;
         for (i = 0; i < n; i += 32) {
             __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(t + i + 16), _mm512_load_ps(t + i));
