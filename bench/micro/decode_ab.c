@@ -12,6 +12,7 @@
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
  * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | f32),
+ * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8),
  * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
  * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
@@ -82,7 +83,8 @@ static int env_int(const char *name, int def)
 
 int main(int argc, char **argv)
 {
-    enum { HKV = 8, H = 32, D = 128, BS = 16 };
+    enum { HKV = 8, D = 128, BS = 16 };
+    const int H = env_int("HQ", 32); /* query heads (a multiple of the 8 KV heads) */
     /* PREFILL=n: one causal prompt of n tokens (n a multiple of 16) instead of the decode batch */
     const int prefill = env_int("PREFILL", 0), S = prefill ? 1 : 16, C = prefill ? prefill : 4096;
     const int QL = prefill ? prefill : 1; /* query tokens per sequence */

@@ -783,6 +783,17 @@ static void build_cases(void)
     c.D = 64, c.B = 2, c.cache = c.qd = c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
     decode_only(&c, 130, 2);
     push(c, "decode");
+    /* bf16 decodes with 5 to 8 query rows per KV head (GQA 7 and 8), whose QK takes the rows two
+     * to a vector on the avx512bf16 path: head 80 (an odd number of 16-dim steps) and 128,
+     * contexts of 301..315 keys (key blocks of 4 with 1 to 3 left over), a window and NaN/inf
+     * in unused cache */
+    c = base_case();
+    c.D = 80, c.H = 28, c.Hkv = 4, c.layout = LAYOUT_HND, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 301, 3);
+    push(c, "gqa8");
+    c.D = 128, c.H = 16, c.Hkv = 2, c.wl = 100, c.wr = 0, c.nonfinite = 1;
+    decode_only(&c, 302, 3);
+    push(c, "gqa8");
 }
 
 int grid_count(void)

@@ -69,11 +69,122 @@ AI void qkb_rows(int R, const void *const *krows, int nc, const uint16_t *q, int
     pfc_step(&pc, -1);
 }
 
+/* ---- decode: QK for 5 to 8 query rows, two to a vector --------------------------------------
+ * Above, each dot product leaves a vector of 16 partial sums per (row, key), and 16 such vectors
+ * take a transpose-and-add tree of 45 shuffles and additions for their 16 scores (0.7 operations
+ * beside each vdpbf16ps), and every 4 rows load the keys again. With 8 rows per KV head (GQA 8)
+ * a vector here holds 16 dims (8 bf16 pairs) of each of two rows, one 256-bit half per row, and
+ * a key's same 16 dims, broadcast to both halves by one load, serve all four row pairs: each
+ * (row, key) ends as 8 partial sums in one half, 4 keys' sums for 8 rows come out of 42
+ * operations (0.33 per dot product), and the keys are loaded once. Not for 4 rows (GQA 4): there
+ * a broadcast serves two dot products only, and from DRAM the narrower loads ran 2% slower
+ * (bench/NOTES.md, twenty-ninth pass). Each score's order is fixed: within each 128-bit block
+ * lanes 0 + 2 and 1 + 3, then those two, then the two blocks of its half. */
+
+/* qp[p * nt + t] = dims [16t, 16t + 16) of rows 2p and 2p + 1 (rows >= R: zero), p < 4, t < nt =
+ * dp / 16 */
+AI void pair_queries(int R, const uint16_t *q, int dp, __m512i *qp)
+{
+    const int nt = dp / 16;
+    for (int p = 0; p < 4; p++)
+        for (int t = 0; t < nt; t++) {
+            const int h = 2 * p;
+            const __m256i lo = h < R ? _mm256_loadu_si256((const __m256i *)(q + (size_t)h * dp + 16 * t))
+                                     : _mm256_setzero_si256();
+            const __m256i hi = h + 1 < R ? _mm256_loadu_si256((const __m256i *)(q + (size_t)(h + 1) * dp + 16 * t))
+                                         : _mm256_setzero_si256();
+            qp[p * nt + t] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+}
+
+/* per 128-bit block of y[0..4): the block's sums of y0, y1, y2, y3 */
+AI __m512 sum4_blocks(const __m512 *y)
+{
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(y[0], y[1]), _mm512_unpackhi_ps(y[0], y[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(y[2], y[3]), _mm512_unpackhi_ps(y[2], y[3]));
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+}
+
+/* the first n (1..4) floats of 128-bit block h of x to p */
+AI void store_block(__m512 x, int h, float *p, int n)
+{
+    const __m128 b = h == 0 ? _mm512_castps512_ps128(x)
+                     : h == 1 ? _mm512_extractf32x4_ps(x, 1)
+                     : h == 2 ? _mm512_extractf32x4_ps(x, 2)
+                              : _mm512_extractf32x4_ps(x, 3);
+    if (n == 4) _mm_storeu_ps(p, b);
+    else _mm_mask_storeu_ps(p, (__mmask8)((1u << n) - 1), b);
+}
+
+/* S[h][c0 .. c0 + KB) for rows h < R (5..8), KB <= 4 keys */
+AI void qkp_block(int R, int KB, const void *const *krows, int c0, const __m512i *qp, int nt, float scale,
+                  float *s, int lds, pa__cpu_pfc *pc, int per)
+{
+    __m512 a[16]; /* a[4 p + u]: row pair p, key u */
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    for (int t = 0; t < nt; t++) {
+        for (int u = 0; u < KB; u++) {
+            const __m512bh k = as_bh(_mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)((const char *)krows[c0 + u] + 32 * (size_t)t))));
+            for (int p = 0; p < 4; p++) a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t]), k);
+        }
+        pfc_step(pc, per);
+    }
+    __m512 w[4];
+    for (int p = 0; p < 4; p++) {
+        __m512 y[4];
+        for (int u = 0; u < 4; u++) y[u] = u < KB ? a[4 * p + u] : _mm512_setzero_ps();
+        w[p] = sum4_blocks(y); /* blocks 0, 1: row 2p's halves; 2, 3: row 2p + 1's */
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int g = 0; g < 2; g++) {
+        /* blocks 0 + 1 and 2 + 3 of w[2g], then of w[2g + 1]: rows 4g .. 4g + 3 */
+        const __m512 v = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], 0x88),
+                                                     _mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], 0xdd)), sc);
+        for (int h = 0; h < 4 && 4 * g + h < R; h++) store_block(v, h, s + (size_t)(4 * g + h) * lds + c0, KB);
+    }
+}
+
+AI void qkp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s, int lds,
+                 const pa__cpu_pf *pf)
+{
+    __m512i qp[4 * 512 / 16];
+    pair_queries(R, q, dp, qp);
+    const int nt = dp / 16;
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int per = pfc_per(pf, (nc + 3) / 4 * nt);
+    int c = 0;
+    for (; c + 4 <= nc; c += 4) qkp_block(R, 4, krows, c, qp, nt, scale, s, lds, &pc, per);
+    switch (nc - c) {
+    case 3: qkp_block(R, 3, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    case 2: qkp_block(R, 2, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    case 1: qkp_block(R, 1, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    default: break;
+    }
+    pfc_step(&pc, -1);
+}
+
+/* Rows in groups of 8 as row pairs (qkp_rows), what is left (1 to 4 rows) by qkb_rows. */
 static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
     int ng = (nr + 3) / 4;
-    for (int r = 0; r < nr; r += 4) {
+    int r = 0;
+    for (; nr - r > 4; r += 8) {
+        /* rows r .. r + 7 (or to nr): the prefetch parts of their two groups of 4 */
+        pa__cpu_pf part = pf_range(pf, r / 4, r / 4 + 2 < ng ? r / 4 + 2 : ng, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 8 ? nr - r : 8) {
+        case 8: qkp_rows(8, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 7: qkp_rows(7, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 6: qkp_rows(6, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qkp_rows(5, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        }
+    }
+    for (; r < nr; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
         const pa__cpu_pf *pp = pf ? &part : NULL;
         const uint16_t *qr = q16 + (size_t)r * dp;
