@@ -15,6 +15,10 @@
  *            call after next (distance 2)
  *   blocks   each block's 32 KiB of K front to back, then of V, in 8 KiB pieces
  *   1-block  tiles of one block: per head 4 KiB of K, then of V
+ *   decode, next tile by block   the decode's order, the next tile's 128 KiB prefetched whole
+ *            block after whole block, 8 KiB per call of this tile (T2 or T0)
+ *   decode, next call T0 + T2 a tile (two tiles) ahead   the backend's prefetches and a second,
+ *            far one into L2 of each call's lines a tile (two) later, at the call's start
  * A one-thread decode of 16 x 4096 bf16 that kept pace with its reads would take the bytes over
  * the best of these; bench's read probe (sequential, 2 MiB pages) sets the targets. */
 #define _GNU_SOURCE
