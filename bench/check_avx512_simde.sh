@@ -29,6 +29,7 @@ cat > "$work/fake/immintrin.h" <<'H'
 #include "pagedattn.h"
 typedef simde__mmask16 __mmask16;
 typedef simde__mmask32 __mmask32;
+typedef simde__mmask8 __mmask8;
 static inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void *p) { uint16_t a[32] = {0}; __m512i r;
   for (int i = 0; i < 32; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 2 * i, 2); memcpy(&r, a, 64); return r; }
 /* missing from SIMDe 0.7: */
@@ -54,6 +55,8 @@ static inline __m512 _mm512_maskz_loadu_ps(__mmask16 k, const void *p) { float a
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 4 * i, 4); memcpy(&r, a, 64); return r; }
 static inline void _mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 x) { float a[16]; memcpy(a, &x, 64);
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy((char *)p + 4 * i, &a[i], 4); }
+static inline void _mm_mask_storeu_ps(void *p, __mmask8 k, __m128 x) { float a[4]; memcpy(a, &x, 16);
+  for (int i = 0; i < 4; i++) if ((k >> i) & 1) memcpy((char *)p + 4 * i, &a[i], 4); }
 /* AVX512-BF16 as Intel's pseudo-code has it (SIMDe's dot product keeps subnormals): vdpbf16ps
  * takes subnormal inputs (its accumulator too) as zero, adds the odd pair's product and then the
  * even one's, each sum rounded to fp32 and flushed to zero below 2^-126; vcvtne2ps2bf16 rounds
