@@ -2,14 +2,16 @@
 """pagedattn beside other CPU attention implementations, on the bench's standard shapes.
 
     python3 bench/compare/compare.py [--pagedattn build/tools/pagedattn]
-        [--torch-python PY] [--ggml build-ggml/ggml_fa] [--threads 1,2] [--rounds 3]
-        [--repeats 3] [--cases SUBSTR]
+        [--torch-python PY] [--ipex-python PY] [--ggml build-ggml/ggml_fa] [--threads 1,2]
+        [--rounds 3] [--repeats 3] [--cases SUBSTR]
 
 Each round runs every implementation once per case and thread count, one after another, in an
 order that rotates from round to round (this host is shared and noisy: a slow minute then hits
 all of them alike). pagedattn runs through `pagedattn bench --json` (paged cache, block 16);
 PyTorch (when PY imports torch) through torch_cpu.py, as SDPA and, for decode, as grouped
-matmuls; ggml (when --ggml names the binary made by build_ggml.sh) through ggml_fa. Reported:
+matmuls; Intel Extension for PyTorch (when PY, by default the torch one, imports it) through
+ipex_cpu.py, its paged attention over the same kind of paged cache; ggml (when --ggml names the
+binary made by build_ggml.sh) through ggml_fa. Reported:
 min / median / max over all the timed runs of all rounds, and each other implementation's median
 over pagedattn's (above 1: pagedattn is faster). The implementations differ in what they can take:
 torch has no paged cache and no fp8 matmul on the CPU, ggml has no fp8 (its q8_0, 8.5 bits per
@@ -58,10 +60,16 @@ def has_torch(py):
     return py and subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0
 
 
+def has_ipex(py):
+    code = "import intel_extension_for_pytorch.llm.modules"
+    return py and subprocess.run([py, "-c", code], capture_output=True).returncode == 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pagedattn", default="build/tools/pagedattn")
     ap.add_argument("--torch-python", default=sys.executable)
+    ap.add_argument("--ipex-python", default=None, help="python that imports IPEX (default: --torch-python)")
     ap.add_argument("--ggml", default=None)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=3)
@@ -72,6 +80,10 @@ def main():
     torch_py = a.torch_python if has_torch(a.torch_python) else None
     if not torch_py:
         print(f"(torch: not importable by {a.torch_python}; skipped)")
+    ipex_py = a.ipex_python or torch_py
+    ipex_py = ipex_py if has_ipex(ipex_py) else None
+    if not ipex_py:
+        print("(IPEX: not importable; skipped)")
     if a.ggml and not os.access(a.ggml, os.X_OK):
         sys.exit(f"--ggml {a.ggml}: not an executable (make it with bench/compare/build_ggml.sh)")
 
@@ -87,6 +99,9 @@ def main():
                 for v in variants:
                     cmd = [torch_py, os.path.join(HERE, "torch_cpu.py"), mode, str(b), str(ctx), tdt, str(t), str(a.repeats), v]
                     jobs.append((c, t, f"torch {v} ({tdt})", lambda cmd=cmd: run_json(cmd)["times_ms"]))
+            if ipex_py and tdt:
+                cmd = [ipex_py, os.path.join(HERE, "ipex_cpu.py"), mode, str(b), str(ctx), tdt, str(t), str(a.repeats)]
+                jobs.append((c, t, f"ipex paged ({tdt})", lambda cmd=cmd: run_json(cmd)["times_ms"]))
             if a.ggml:
                 cmd = [a.ggml, mode, str(b), str(ctx), gdt, str(t), str(a.repeats)]
                 jobs.append((c, t, f"ggml ({gdt})", lambda cmd=cmd: run_json(cmd)["times_ms"]))
