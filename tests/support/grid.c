@@ -794,6 +794,17 @@ static void build_cases(void)
     c.D = 128, c.H = 16, c.Hkv = 2, c.wl = 100, c.wr = 0, c.nonfinite = 1;
     decode_only(&c, 302, 3);
     push(c, "gqa8");
+    /* E4M3 decodes with 8 and 12 query rows per KV head, whose PV takes the rows in groups of 8
+     * on the AVX-512 paths: scaled, with bf16 queries; then with NaN bytes and inf in unused
+     * cache (the rows' NaN check, and its conversion with the fix-up) and a window */
+    c = base_case();
+    c.D = 128, c.H = 16, c.Hkv = 2, c.layout = LAYOUT_HND, c.cache = PA_DTYPE_FP8_E4M3;
+    c.kscale = 0.75f, c.vscale = 1.5f, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 301, 3);
+    push(c, "gqa8");
+    c.H = 24, c.D = 96, c.nonfinite = 1, c.wl = 90, c.wr = 0, c.qd = c.kvd = c.outd = PA_DTYPE_F16;
+    decode_only(&c, 305, 2);
+    push(c, "gqa8");
 }
 
 int grid_count(void)
