@@ -165,7 +165,9 @@ AI void qkp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int
     pfc_step(&pc, -1);
 }
 
-/* Rows in groups of 8 as row pairs (qkp_rows), what is left (1 to 4 rows) by qkb_rows. */
+/* Rows in groups of 8 as row pairs (qkp_rows), what is left (1 to 4 rows) by qkb_rows. (Two
+ * loops of the same shape: one loop with one switch over both kernels ran 2-3% slower, cache-
+ * resident, at GQA 4 and 8; bench/NOTES.md, twenty-ninth pass.) */
 static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
