@@ -11,11 +11,11 @@ tables). 32 query / 8 KV heads x 128. decode: PagedAttention.single_query_cached
 the same kind of cache, one causal prompt of CTX tokens. Prints one JSON line: the times in ms of
 REPEATS runs after one warm-up run; exits 3 (with a line on stderr) for a dtype IPEX refuses.
 """
-import json
 import sys
-import time
 
 import torch
+
+from timing import report
 
 try:
     from intel_extension_for_pytorch.llm.modules import PagedAttention
@@ -61,15 +61,8 @@ def main(argv):
             PagedAttention.flash_attn_varlen_func(out, q, kc, vc, cu, cu, ctx, ctx, scale, True, tables, None)
     else:
         raise SystemExit(f"unknown mode {mode}")
-    with torch.inference_mode():
-        run()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
     import intel_extension_for_pytorch as ipex
-    print(json.dumps({"impl": f"ipex {ipex.__version__}", "times_ms": times}))
+    report(f"ipex {ipex.__version__}", run, reps)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,12 @@ of a KV head as a 4-row matrix, scores = q k^T by matmul, softmax in fp32, then 
 byte is read once, in the cache dtype. Prints one JSON line: the times in ms of REPEATS runs
 after one warm-up run.
 """
-import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from timing import report
 
 
 def main(argv):
@@ -45,14 +45,7 @@ def main(argv):
             return torch.matmul(p, v)
     else:
         raise SystemExit(f"unknown variant {variant} for {mode}")
-    with torch.inference_mode():
-        run()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-    print(json.dumps({"impl": f"torch {torch.__version__} {variant}", "times_ms": times}))
+    report(f"torch {torch.__version__} {variant}", run, reps)
 
 
 if __name__ == "__main__":

@@ -30,12 +30,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "micro.h"
+
 
 #define BLK 32768
 #define PIECE 4096
@@ -68,15 +64,7 @@ int main(void)
     memset(K, 0x3f, bytes);
     memset(V, 0x3f, bytes);
     uint32_t *perm = malloc(nb * sizeof *perm);
-    for (size_t i = 0; i < nb; i++) perm[i] = (uint32_t)i;
-    uint64_t x = 7;
-    for (size_t i = nb - 1; i > 0; i--) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        size_t j = x % (i + 1);
-        uint32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    shuffled(perm, nb);
     const int ntiles = 4096;
     static const char *names[] = {"decode, no prefetch", "decode, next call T0", "decode, call after next T0",
                                   "decode, next call T2", "blocks, next piece T0", "1-block, next call T0",

@@ -22,12 +22,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "micro.h"
+
 
 #define PAGE 4096
 
@@ -39,15 +35,7 @@ int main(void)
     madvise(buf, bytes, MADV_HUGEPAGE);
     memset(buf, 0x3f, bytes); /* floats near 0.75: no subnormal operand */
     uint32_t *perm = malloc(n * sizeof *perm);
-    for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
-    uint64_t x = 7;
-    for (size_t i = n - 1; i > 0; i--) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        size_t j = x % (i + 1);
-        uint32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    shuffled(perm, n);
     const int runs = 65536;
     for (int mode = 0; mode < 7; mode++) {
         double best = 1e9;
