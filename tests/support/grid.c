@@ -786,7 +786,7 @@ static void build_cases(void)
     /* bf16 decodes with 5 to 8 query rows per KV head (GQA 7 and 8), whose QK takes the rows two
      * to a vector on the avx512bf16 path: head 80 (an odd number of 16-dim steps) and 128,
      * contexts of 301..315 keys (key blocks of 4 with 1 to 3 left over), a window and NaN/inf
-     * in unused cache */
+     * in cached K and V and a query (nonfinite) */
     c = base_case();
     c.D = 80, c.H = 28, c.Hkv = 4, c.layout = LAYOUT_HND, c.cache = c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
     decode_only(&c, 301, 3);
@@ -795,8 +795,8 @@ static void build_cases(void)
     decode_only(&c, 302, 3);
     push(c, "gqa8");
     /* E4M3 decodes with 8 and 12 query rows per KV head, whose PV takes the rows in groups of 8
-     * on the AVX-512 paths: scaled, with bf16 queries; then with NaN bytes and inf in unused
-     * cache (the rows' NaN check, and its conversion with the fix-up) and a window */
+     * on the AVX-512 paths: scaled, with bf16 queries; then with NaN bytes in the cached K and V
+     * read (the rows' NaN check, and their conversion with the fix-up) and a window */
     c = base_case();
     c.D = 128, c.H = 16, c.Hkv = 2, c.layout = LAYOUT_HND, c.cache = PA_DTYPE_FP8_E4M3;
     c.kscale = 0.75f, c.vscale = 1.5f, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
