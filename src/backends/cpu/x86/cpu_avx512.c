@@ -301,14 +301,16 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
         }
 }
 
-/* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8; 4 rows of bf16
- * cache rows take 4, two pairs: 16 accumulators), the last chunk narrower; pf's rows prefetched
+/* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8; 4 rows over
+ * cache rows take 4: 16 accumulators, for bf16 two pairs; against 3, cache-resident decode 16 x
+ * 4096 E4M3 9.51 -> 9.10 ms, its f16 forms 11.07 -> 10.52, f32 9.50 -> 8.54, from DRAM E4M3 10.56
+ * -> 10.35; bench/NOTES.md, twenty-ninth pass), the last chunk narrower; pf's rows prefetched
  * before each chunk in proportion to its width. */
 AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     const bool pairs = dt == PA_DTYPE_BF16 && !vd;
-    const int NVM = R == 4 && pairs ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
+    const int NVM = R == 4 && (pairs || vr) ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
