@@ -301,16 +301,17 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
         }
 }
 
-/* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8; 4 rows over
- * cache rows take 4: 16 accumulators, for bf16 two pairs; against 3, cache-resident decode 16 x
- * 4096 E4M3 9.51 -> 9.10 ms, its f16 forms 11.07 -> 10.52, f32 9.50 -> 8.54, from DRAM E4M3 10.56
- * -> 10.35; bench/NOTES.md, twenty-ninth pass), the last chunk narrower; pf's rows prefetched
- * before each chunk in proportion to its width. */
+/* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8), except over
+ * cache rows (decode) 4 rows take 4 and 2 rows 8: 16 accumulators (4 rows over bf16 rows: two
+ * pairs). Against 3 and 6, cache-resident decode 16 x 4096: GQA 4 E4M3 9.51 -> 9.10 ms, its f16
+ * forms 10.57 -> 10.00, f32 9.50 -> 8.54; GQA 2 E4M3 6.89 -> 6.30, f16 5.20 -> 4.81; from DRAM
+ * E4M3 10.56 -> 10.35 (GQA 4), 8.42 -> 8.04 (GQA 2); bench/NOTES.md, twenty-ninth pass. The last
+ * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. */
 AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     const bool pairs = dt == PA_DTYPE_BF16 && !vd;
-    const int NVM = R == 4 && (pairs || vr) ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
+    const int NVM = R == 4 && (pairs || vr) ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? (vr ? 8 : 6) : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
@@ -385,7 +386,7 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
 /* E4M3 V rows (PA__CPU_E4M3B or PA_DTYPE_FP8_E4M3, as a5_pv_src takes them). Rows of 8 or more
  * queries (GQA 8) in groups of 8 (32 dims at a time): each V vector converted once for 8 rows
  * instead of twice (16 x 4096, GQA 8, one thread, from DRAM: 17.63 -> 16.72 ms, the f16 forms
- * 21.31 -> 20.03; f16 rows, whose conversion is one instruction, were 1-3% slower so and keep
+ * 20.71 -> 17.41; f16 rows, whose conversion is one instruction, were 1-3% slower so and keep
  * groups of 4). Its own function: inlined into a5_pv_src, the groups of 8 cost the f16 case 4%
  * (bench/NOTES.md, twenty-ninth pass). */
 static __attribute__((noinline)) void pv_src_e4m3(bool words, const void *const *vrows, int nc, const float *p,
