@@ -310,8 +310,8 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
 AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
-    const bool pairs = dt == PA_DTYPE_BF16 && !vd;
-    const int NVM = R == 4 && (pairs || vr) ? 4 : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? (vr ? 8 : 6) : 8;
+    /* (vr: cache rows, bf16 ones pair-split in pvz_chunk; vd: a dense tile) */
+    const int NVM = vr && (R == 2 || R == 4) ? 16 / R : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
