@@ -161,6 +161,14 @@ typedef struct pa__cpu_kernels {
     /* s[i] = exp(s[i] - m), and -0.0f where s[i] is -inf (the mark of a masked key, apart from
      * a visible one whose weight underflowed to +0); returns the sum. m finite. */
     float (*exp_row)(float *s, int n, float m);
+    /* Optional (NULL: row_max and exp_row row by row). One tile's online-softmax step for nr
+     * rows that all see all nc keys (none marked bad): with mx the maximum of s[r * lds + 0..nc)
+     * and mn = (mx > m[r] ? mx : m[r]): alpha[r] = (m[r] == mn ? 1 : m[r] == -inf ? 0 :
+     * expf(m[r] - mn)), the row's s = exp_row's values and l[r] = l[r] * alpha[r] + exp_row's
+     * sum, m[r] = mn: bit for bit what the driver's loop computes with this table's row_max and
+     * exp_row. Returns false, having written nothing, when some mx is NaN, +inf or -inf (the
+     * driver's loop takes those rows). */
+    bool (*softmax_rows)(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha);
     /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c].
      * A listed column may hold masked entries (-0) for some rows; the ISA kernels multiply them
      * (a no-op for finite V), so the driver sends a tile where such a column has a NaN or inf in

@@ -363,7 +363,7 @@ static void run_item(void *arg, int64_t index, int thread)
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0;
-        bool first = true;
+        bool first = true, anybad = false;
         /* long tiles (prefill) transpose K once and take outer products; needs the tile's
          * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
         const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
@@ -453,10 +453,14 @@ static void run_item(void *arg, int64_t index, int thread)
             }
             score_fix(L, sc, nr, a, nc);
 
-            for (int r = 0; r < nr; r++) {
+            /* every row sees every key of the tile and none has gone bad: the table's whole-tile
+             * step where it has one (the same bits as the loop below) */
+            const bool fused = full && !anybad && K->softmax_rows &&
+                               K->softmax_rows(sc->s, CPU_KT, nr, nc, sc->m, sc->l, sc->alpha);
+            for (int r = 0; r < nr && !fused; r++) {
                 float *s = sc->s + r * CPU_KT;
                 float mx = sc->vis[r] && !sc->bad[r] ? K->row_max(s, nc) : -INFINITY;
-                if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1; /* the row is NaN from now on */
+                if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1, anybad = true; /* the row is NaN from now on */
                 float mn = mx > sc->m[r] ? mx : sc->m[r];
                 if (mn == -INFINITY || sc->bad[r]) {
                     for (int c = 0; c < nc; c++) s[c] = -0.0f; /* masked (bad rows: NaN anyway) */

@@ -587,12 +587,12 @@ AI __m512 exp16_store(float *s, __mmask16 live, __m512 vm)
     return _mm512_maskz_mov_ps(live, e);
 }
 
-/* exp_row (cpu.h) 16 lanes at a time, two vectors per step (independent chains), the last
- * partial vectors under a mask instead of expf one by one (a decode tile of 32 keys is one step;
- * a sequence's last tile had up to 7 keys through expf on the AVX2 path) */
-static float a5_exp_row(float *s, int n, float m)
+/* exp_row's values (stored) and its sum vector, unreduced: 16 lanes at a time, two vectors per
+ * step (independent chains), the last partial vectors under a mask instead of expf one by one (a
+ * decode tile of 32 keys is one step; a sequence's last tile had up to 7 keys through expf on the
+ * AVX2 path) */
+AI __m512 exp_row_acc(float *s, int n, __m512 vm)
 {
-    const __m512 vm = _mm512_set1_ps(m);
     __m512 acc = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -603,7 +603,72 @@ static float a5_exp_row(float *s, int n, float m)
         const int left = n - i;
         acc = _mm512_add_ps(acc, exp16_store(s + i, left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u), vm));
     }
-    return _mm512_reduce_add_ps(acc);
+    return acc;
+}
+
+static float a5_exp_row(float *s, int n, float m)
+{
+    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m)));
+}
+
+/* softmax_rows (cpu.h): the rows 16 at a time, their maxima and sums by hred16z's trees (one
+ * tree per 16 rows where row_max and exp_row reduce each row on its own), the running maxima,
+ * sums and rescale factors as vectors. The sums are exp_row's: the same vectors, reduced in
+ * hsum1z's order. (Replaces, per row and tile, two calls and the driver's scalar bookkeeping;
+ * bench/NOTES.md, thirtieth pass.) */
+static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    if (nr < 1 || nr > CPU_ROWS || nc < 1 || nc > CPU_KT) return false;
+    float mn[CPU_ROWS] __attribute__((aligned(64)));
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), pinf = _mm512_set1_ps(INFINITY);
+    const int nv = (nc + 15) / 16;
+    const __mmask16 tail = nc % 16 ? (__mmask16)((1u << nc % 16) - 1u) : (__mmask16)0xffff;
+    __mmask16 odd = 0; /* a NaN score, or an infinite maximum: declined */
+    for (int r0 = 0; r0 < nr; r0 += 16) {
+        const int g = nr - r0 < 16 ? nr - r0 : 16;
+        const __mmask16 live = (__mmask16)(g == 16 ? 0xffffu : (1u << g) - 1u);
+        __m512 mx[16];
+        for (int i = 0; i < 16; i++) {
+            const float *sr = s + (size_t)(r0 + (i < g ? i : g - 1)) * lds;
+            __m512 x = ninf;
+            for (int v = 0; v < nv; v++) {
+                const __m512 y = _mm512_mask_loadu_ps(ninf, v == nv - 1 ? tail : (__mmask16)0xffff, sr + 16 * v);
+                odd |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+                x = _mm512_max_ps(x, y);
+            }
+            mx[i] = x;
+        }
+        const __m512 t = hred16z(true, mx);
+        odd |= _mm512_cmp_ps_mask(t, ninf, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(t, pinf, _CMP_EQ_OQ);
+        /* max(mx, m): m where equal, as the driver's "mx > m ? mx : m" */
+        _mm512_store_ps(mn + r0, _mm512_max_ps(t, _mm512_maskz_loadu_ps(live, m + r0)));
+    }
+    if (odd) return false;
+    for (int r0 = 0; r0 < nr; r0 += 16) {
+        const int g = nr - r0 < 16 ? nr - r0 : 16;
+        const __mmask16 live = (__mmask16)(g == 16 ? 0xffffu : (1u << g) - 1u);
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++)
+            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm512_set1_ps(mn[r0 + i])) : _mm512_setzero_ps();
+        const __m512 sum = hred16z(false, acc), vmn = _mm512_load_ps(mn + r0);
+        const __m512 mo = _mm512_maskz_loadu_ps(live, m + r0);
+        const __mmask16 same = _mm512_cmp_ps_mask(mo, vmn, _CMP_EQ_OQ);
+        const __mmask16 fresh = _mm512_cmp_ps_mask(mo, ninf, _CMP_EQ_OQ);
+        float al[16] __attribute__((aligned(64)));
+        _mm512_store_ps(al, _mm512_mask_blend_ps(same, _mm512_setzero_ps(), _mm512_set1_ps(1.0f)));
+        /* a larger maximum than the running one: expf, as the driver's loop (rare after the
+         * first tiles) */
+        for (unsigned w = live & ~(unsigned)same & ~(unsigned)fresh; w; w &= w - 1) {
+            const int i = __builtin_ctz(w);
+            al[i] = expf(m[r0 + i] - mn[r0 + i]);
+        }
+        const __m512 va = _mm512_load_ps(al);
+        const __m512 vl = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, l + r0), va), sum);
+        _mm512_mask_storeu_ps(l + r0, live, vl);
+        _mm512_mask_storeu_ps(m + r0, live, vmn);
+        _mm512_mask_storeu_ps(alpha + r0, live, va);
+    }
+    return true;
 }
 
 void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
@@ -618,6 +683,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
     k->pv_src = a5_pv_src;
     k->qk_t = rows12 ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
+    k->softmax_rows = a5_softmax_rows;
     k->pf_spread = true;
     k->e4m3_bf16 = true;
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile

@@ -4,6 +4,7 @@
 #define PAGEDATTN_CPU_AVX512_UTIL_H
 
 #include <immintrin.h>
+#include <stdbool.h>
 
 #define AI static inline __attribute__((always_inline))
 
@@ -33,26 +34,47 @@ AI void hsum_n(const __m512 *acc, int n, float *out)
     if (n > 8) _mm256_storeu_ps(out + 8, hsum8z(g + 8));
 }
 
-/* [sum a[0], ..., sum a[15]] in one vector, by a transpose-and-add tree: 30 shuffles and 15
- * additions for 16 sums, against 44 shuffles and 30 more operations for hsum_n's two groups of 8
- * (whose vhaddps are two shuffles each on Intel cores). Each sum's order is fixed: lanes i and
- * i + 2, then i and i + 1 of each 128-bit block, then the blocks 0 + 2, 1 + 3, then those two. */
-AI __m512 hsum16z(const __m512 *a)
+AI __m512 red2(bool mx, __m512 a, __m512 b)
+{
+    return mx ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b);
+}
+
+/* [sum a[0], ..., sum a[15]] in one vector (mx: the maxima instead), by a transpose-and-add
+ * tree: 30 shuffles and 15 additions for 16 sums, against 44 shuffles and 30 more operations
+ * for hsum_n's two groups of 8 (whose vhaddps are two shuffles each on Intel cores). Each sum's
+ * order is fixed: lanes i and i + 2, then i and i + 1 of each 128-bit block, then the blocks
+ * 0 + 2, 1 + 3, then those two (hsum1z's order). */
+AI __m512 hred16z(bool mx, const __m512 *a)
 {
     __m512 v[4];
     for (int h = 0; h < 4; h++) {
         const __m512 *x = a + 4 * h;
         /* per 128-bit block: (x0[0] + x0[2], x1[0] + x1[2], x0[1] + x0[3], x1[1] + x1[3]) */
-        __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
-        __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
+        __m512 t0 = red2(mx, _mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
+        __m512 t1 = red2(mx, _mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
         /* per 128-bit block: the block's sums of x0, x1, x2, x3 */
-        v[h] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+        v[h] = red2(mx, _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
     }
     /* blocks (v0: 0+2, 1+3; v1: 0+2, 1+3), then (v0, v1, v2, v3 whole) */
-    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xee));
-    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xee));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
+    __m512 x01 = red2(mx, _mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xee));
+    __m512 x23 = red2(mx, _mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xee));
+    return red2(mx, _mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xdd));
+}
+
+AI __m512 hsum16z(const __m512 *a)
+{
+    return hred16z(false, a);
+}
+
+/* The sum of a's lanes in hred16z's order (the same bits as its lane for a) */
+AI float hsum1z(__m512 a)
+{
+    __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, 0x4e));  /* per block: 0 + 2, 1 + 3 */
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));          /* then those two */
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0x4e));    /* blocks 0 + 2, 1 + 3 */
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xb1));    /* then those two */
+    return _mm512_cvtss_f32(t);
 }
 
 /* The R x KB dot products of a decode QK block (a[h * KB + u]: row h, key c0 + u; a holds 16
