@@ -89,7 +89,7 @@ static int row_count(void)
 static void check_table(const char *name, const pa__cpu_kernels *K)
 {
     static tile a, b;
-    int same = 0, declined = 0, diffs = 0, wrote = 0, took_odd = 0;
+    int same = 0, declined = 0, diffs = 0, wrote = 0, took_odd = 0, narrow = 0;
     for (int it = 0; it < 3000; it++) {
         const int nr = row_count(), nc = rnd_u(3) ? (rnd_u(2) ? 32 : CPU_KT) : 1 + (int)rnd_u(CPU_KT);
         make_tile(&a, nr, nc);
@@ -112,7 +112,10 @@ static void check_table(const char *name, const pa__cpu_kernels *K)
             continue;
         }
         if (!took) {
-            TEST_FAIL("%s: declined a plain tile (%d rows x %d keys)", name, nr, nc);
+            /* a width the table does not take: nothing written; never a multiple of 16 */
+            if (nc % 16 == 0) TEST_FAIL("%s: declined a plain tile (%d rows x %d keys)", name, nr, nc);
+            wrote += memcmp(&a, &b, sizeof a) != 0;
+            narrow++;
             continue;
         }
         loop_step(K, &a, nr, nc);
@@ -134,8 +137,9 @@ static void check_table(const char *name, const pa__cpu_kernels *K)
             same++;
         }
     }
-    printf("%s: %d tiles the same bits, %d odd ones declined\n", name, same, declined);
-    CHECK(same > 1500);
+    printf("%s: %d tiles the same bits, %d odd ones declined, %d of other widths declined\n", name, same, declined,
+           narrow);
+    CHECK(same > 1400);
     CHECK_INT(diffs, 0);
     CHECK_INT(took_odd, 0);
     CHECK_INT(wrote, 0);

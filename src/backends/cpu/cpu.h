@@ -167,7 +167,8 @@ typedef struct pa__cpu_kernels {
      * expf(m[r] - mn)), the row's s = exp_row's values and l[r] = l[r] * alpha[r] + exp_row's
      * sum, m[r] = mn: bit for bit what the driver's loop computes with this table's row_max and
      * exp_row. Returns false, having written nothing, when some mx is NaN, +inf or -inf (the
-     * driver's loop takes those rows). */
+     * driver's loop takes those rows), and may for widths it does not take (the AVX2 table:
+     * nc not a multiple of 8); takes every other tile whose nc is a multiple of 16. */
     bool (*softmax_rows)(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha);
     /* O[r][0..dp) = O[r] * alpha[r] + sum_{c < nc, colmask == NULL or colmask[c]} P[r][c] V[c].
      * A listed column may hold masked entries (-0) for some rows; the ISA kernels multiply them

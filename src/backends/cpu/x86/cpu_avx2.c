@@ -332,25 +332,98 @@ static inline __attribute__((always_inline)) __m256 exp8_store(float *p, __m256 
     return e;
 }
 
-static float a2_exp_row(float *s, int n, float m)
+/* exp_row's whole vectors (s[0 .. n rounded down to 8)), their sum unreduced. Two vectors per
+ * step: their exp8 chains are independent, and written side by side the core's scheduler finds
+ * the second one's work while the first waits on its latency (the sums in the same order as one
+ * vector at a time). */
+static inline __attribute__((always_inline)) __m256 exp_row_acc(float *s, int n, __m256 vm)
 {
-    __m256 vm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY), acc = _mm256_setzero_ps();
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    /* two vectors per step: their exp8 chains are independent, and written side by side the
-     * core's scheduler finds the second one's work while the first waits on its latency (the
-     * sums in the same order as one vector at a time) */
     for (; i + 16 <= n; i += 16) {
         __m256 e0 = exp8_store(s + i, vm, ninf), e1 = exp8_store(s + i + 8, vm, ninf);
         acc = _mm256_add_ps(_mm256_add_ps(acc, e0), e1);
     }
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8_store(s + i, vm, ninf));
-    float sum = hsum1(acc);
-    for (; i < n; i++) {
+    return acc;
+}
+
+/* The sum of a's lanes in hsum8's order (the same bits as its lane for a) */
+static inline float hsum1_tree(__m256 a)
+{
+    __m256 t = _mm256_hadd_ps(a, a);
+    t = _mm256_hadd_ps(t, t);
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+static float a2_exp_row(float *s, int n, float m)
+{
+    float sum = hsum1_tree(exp_row_acc(s, n, _mm256_set1_ps(m)));
+    for (int i = n / 8 * 8; i < n; i++) {
         float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m);
         s[i] = e;
         sum += e;
     }
     return sum;
+}
+
+/* hsum8's tree with max for +: [max a0, ..., max a7] */
+static inline __m256 hmax8(const __m256 *a)
+{
+#define PA_HMAX(x, y) _mm256_max_ps(_mm256_shuffle_ps((x), (y), 0x88), _mm256_shuffle_ps((x), (y), 0xdd))
+    __m256 u0 = PA_HMAX(PA_HMAX(a[0], a[1]), PA_HMAX(a[2], a[3]));
+    __m256 u1 = PA_HMAX(PA_HMAX(a[4], a[5]), PA_HMAX(a[6], a[7]));
+#undef PA_HMAX
+    return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* softmax_rows (cpu.h): the rows 8 at a time, their maxima by hmax8 and their sums by hsum8
+ * (one tree per 8 rows where row_max and exp_row reduce each row on its own); tiles whose width
+ * is not a multiple of 8 (exp_row's scalar tail) are declined to the driver's loop. */
+static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    if (nr < 1 || nr > CPU_ROWS || nc < 8 || nc > CPU_KT || nc % 8) return false;
+    float mn[CPU_ROWS];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), pinf = _mm256_set1_ps(INFINITY);
+    __m256 odd = _mm256_setzero_ps(); /* a NaN score, or an infinite maximum: declined */
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int g = nr - r0 < 8 ? nr - r0 : 8;
+        __m256 mx[8];
+        for (int i = 0; i < 8; i++) {
+            const float *sr = s + (size_t)(r0 + (i < g ? i : g - 1)) * lds;
+            __m256 x = ninf;
+            for (int c = 0; c < nc; c += 8) {
+                const __m256 y = _mm256_loadu_ps(sr + c);
+                odd = _mm256_or_ps(odd, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+                x = _mm256_max_ps(x, y);
+            }
+            mx[i] = x;
+        }
+        const __m256 t = hmax8(mx);
+        odd = _mm256_or_ps(odd, _mm256_or_ps(_mm256_cmp_ps(t, ninf, _CMP_EQ_OQ), _mm256_cmp_ps(t, pinf, _CMP_EQ_OQ)));
+        _mm256_storeu_ps(mn + r0, t);
+    }
+    if (_mm256_movemask_ps(odd)) return false;
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int g = nr - r0 < 8 ? nr - r0 : 8;
+        __m256 acc[8];
+        float mr[8], sum[8];
+        for (int i = 0; i < 8; i++) {
+            /* max(mx, m): m where equal, as the driver's "mx > m ? mx : m" */
+            mr[i] = i < g ? (mn[r0 + i] > m[r0 + i] ? mn[r0 + i] : m[r0 + i]) : 0.0f;
+            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm256_set1_ps(mr[i])) : _mm256_setzero_ps();
+        }
+        _mm256_storeu_ps(sum, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
+        for (int i = 0; i < g; i++) {
+            const int r = r0 + i;
+            const float al = m[r] == mr[i] ? 1.0f : (m[r] == -INFINITY ? 0.0f : expf(m[r] - mr[i]));
+            l[r] = l[r] * al + sum[i];
+            m[r] = mr[i];
+            alpha[r] = al;
+        }
+    }
+    return true;
 }
 
 /* PA__CPU_E4M3F (cpu.h), E4M3 rows known to hold no NaN byte: the decode kernels convert them
@@ -1248,6 +1321,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->qk = a2_qk;
     k->row_max = a2_row_max;
     k->exp_row = a2_exp_row;
+    k->softmax_rows = a2_softmax_rows;
     k->pv = a2_pv;
     k->pv_rows = a2_pv_rows;
     k->store_row = a2_store_row;
