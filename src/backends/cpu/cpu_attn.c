@@ -285,6 +285,7 @@ static void run_item(void *arg, int64_t index, int thread)
     const bool bs = cfg->blocksparse.block_size > 0;
 
     int64_t ulo = INT64_MAX, uhi = INT64_MIN;
+    int64_t vlo = INT64_MIN, vhi = INT64_MAX; /* every row sees [vlo, vhi) (maybe empty) */
     size_t qsz = pa_dtype_size(cfg->q_dtype);
     for (int r = 0; r < nr; r++) {
         int t;
@@ -298,6 +299,8 @@ static void run_item(void *arg, int64_t index, int thread)
         if (hi > it->k1) hi = it->k1;
         sc->lo[r] = lo;
         sc->hi[r] = hi;
+        if (lo > vlo) vlo = lo;
+        if (hi < vhi) vhi = hi;
         if (lo < hi) {
             if (lo < ulo) ulo = lo;
             if (hi > uhi) uhi = hi;
@@ -372,8 +375,11 @@ static void run_item(void *arg, int64_t index, int thread)
             int64_t a = j0 > ulo ? j0 : ulo;
             int64_t e = j0 + kt < uhi ? j0 + kt : uhi;
             int nc = (int)(e - a);
-            bool any = false, full = true;
-            for (int r = 0; r < nr; r++) {
+            /* (every row sees the whole tile: most tiles) */
+            const bool whole = !bs && a >= vlo && e <= vhi;
+            bool any = whole, full = true;
+            if (whole) memset(sc->vis, 1, (size_t)nr);
+            for (int r = 0; r < nr && !whole; r++) {
                 int v;
                 if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
                 else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
