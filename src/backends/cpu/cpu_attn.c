@@ -315,9 +315,7 @@ static void run_item(void *arg, int64_t index, int thread)
 
     if (ulo < uhi) {
         /* the query rows, converted and pre-scaled */
-        K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
         float qsc = q_scale(cfg);
-        for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
         key_src ks[CPU_KROWS / 16];
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
@@ -357,6 +355,14 @@ static void run_item(void *arg, int64_t index, int thread)
          * paths round them: not for an encoder's own bf16 rows beside a cache of another dtype. */
         const bool vpairs = ks[0].dtype == PA_DTYPE_BF16 && cfg->cache_dtype == PA_DTYPE_BF16 &&
                             (direct ? K->pv_src_bf16 != NULL : K->pv_bf16 != NULL);
+        /* long tiles (prefill) transpose K once and take outer products; needs the tile's
+         * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
+        const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
+        /* the query rows as fp32, pre-scaled: for every QK but the bf16 dot products */
+        if (!(q16 && (direct || (transposed && K->qk_t_bf16 && d % 2 == 0)))) {
+            K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
+            for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qsc;
+        }
         const bool e4p = direct && e4b && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
         const bool pairs = direct && !q16 && K->qk_src_pairs && dp % K->pair_span == 0 &&
                            (ks[0].dtype == PA_DTYPE_BF16 || e4p);
@@ -367,9 +373,6 @@ static void run_item(void *arg, int64_t index, int thread)
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0;
         bool first = true, anybad = false;
-        /* long tiles (prefill) transpose K once and take outer products; needs the tile's
-         * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
-        const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
         int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
         for (; j0 < uhi; j0 += kt) {
             int64_t a = j0 > ulo ? j0 : ulo;
