@@ -53,6 +53,9 @@ static inline __m512i _mm512_cvtps_epi32(__m512 x) { float f[16]; int32_t u[16];
   for (int i = 0; i < 16; i++) u[i] = (int32_t)nearbyintf(f[i]); memcpy(&r, u, 64); return r; }
 static inline __m512 _mm512_maskz_loadu_ps(__mmask16 k, const void *p) { float a[16] = {0}; __m512 r;
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 4 * i, 4); memcpy(&r, a, 64); return r; }
+static inline __m512 _mm512_mask_loadu_ps(__m512 src, __mmask16 k, const void *p) { float a[16]; __m512 r; memcpy(a, &src, 64);
+  for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 4 * i, 4); memcpy(&r, a, 64); return r; }
+static inline float _mm512_cvtss_f32(__m512 x) { float f[16]; memcpy(f, &x, 64); return f[0]; }
 static inline void _mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 x) { float a[16]; memcpy(a, &x, 64);
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy((char *)p + 4 * i, &a[i], 4); }
 static inline void _mm_mask_storeu_ps(void *p, __mmask8 k, __m128 x) { float a[4]; memcpy(a, &x, 16);

@@ -70,10 +70,10 @@ AI __m512 hsum16z(const __m512 *a)
 /* The sum of a's lanes in hred16z's order (the same bits as its lane for a) */
 AI float hsum1z(__m512 a)
 {
-    __m512 t = _mm512_add_ps(a, _mm512_permute_ps(a, 0x4e));  /* per block: 0 + 2, 1 + 3 */
-    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));          /* then those two */
-    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0x4e));    /* blocks 0 + 2, 1 + 3 */
-    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xb1));    /* then those two */
+    __m512 t = _mm512_add_ps(a, _mm512_shuffle_ps(a, a, 0x4e)); /* per block: 0 + 2, 1 + 3 */
+    t = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0xb1));        /* then those two */
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0x4e));     /* blocks 0 + 2, 1 + 3 */
+    t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xb1));     /* then those two */
     return _mm512_cvtss_f32(t);
 }
 
