@@ -12,7 +12,8 @@
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
  * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | f32),
- * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8),
+ * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8), SEQS and CTX (the decode batch:
+ * sequences, default 16, at most 64; keys each, default 4096, a multiple of 16),
  * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
  * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
@@ -86,7 +87,12 @@ int main(int argc, char **argv)
     enum { HKV = 8, D = 128, BS = 16 };
     const int H = env_int("HQ", 32); /* query heads (a multiple of the 8 KV heads) */
     /* PREFILL=n: one causal prompt of n tokens (n a multiple of 16) instead of the decode batch */
-    const int prefill = env_int("PREFILL", 0), S = prefill ? 1 : 16, C = prefill ? prefill : 4096;
+    const int prefill = env_int("PREFILL", 0), S = prefill ? 1 : env_int("SEQS", 16);
+    const int C = prefill ? prefill : env_int("CTX", 4096);
+    if (S < 1 || S > 64 || C < 16 || C % 16) {
+        fprintf(stderr, "SEQS: 1..64, CTX: a multiple of 16\n");
+        return 2;
+    }
     const int QL = prefill ? prefill : 1; /* query tokens per sequence */
     if (argc < 2) {
         fprintf(stderr, "usage: %s LIBPAGEDATTN.so [...]\n", argv[0]);
@@ -170,7 +176,7 @@ int main(int argc, char **argv)
     }
     if (small > 0)
         for (int i = 0; i < nb; i++) perm[i] %= small;
-    pa_seq seqs[16];
+    pa_seq seqs[64];
     int64_t *slots = malloc(sizeof(int64_t) * (size_t)S * QL);
     for (int s = 0; s < S; s++)
         seqs[s] = (pa_seq){.context_len = C - QL, .query_len = QL, .block_table = perm + s * nbps, .num_blocks = nbps};
