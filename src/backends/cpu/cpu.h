@@ -162,7 +162,8 @@ typedef struct pa__cpu_kernels {
      * a visible one whose weight underflowed to +0); returns the sum. m finite. */
     float (*exp_row)(float *s, int n, float m);
     /* Optional (NULL: row_max and exp_row row by row). One tile's online-softmax step for nr
-     * rows that all see all nc keys (none marked bad): with mx the maximum of s[r * lds + 0..nc)
+     * rows none of which is marked bad or sees no key of the tile (hidden keys' scores -inf):
+     * with mx the maximum of s[r * lds + 0..nc)
      * and mn = (mx > m[r] ? mx : m[r]): alpha[r] = (m[r] == mn ? 1 : m[r] == -inf ? 0 :
      * expf(m[r] - mn)), the row's s = exp_row's values and l[r] = l[r] * alpha[r] + exp_row's
      * sum, m[r] = mn: bit for bit what the driver's loop computes with this table's row_max and

@@ -380,7 +380,7 @@ static void run_item(void *arg, int64_t index, int thread)
             int nc = (int)(e - a);
             /* (every row sees the whole tile: most tiles) */
             const bool whole = !bs && a >= vlo && e <= vhi;
-            bool any = whole, full = true;
+            bool any = whole, full = true, every = true; /* every: each row sees a key of it */
             if (whole) memset(sc->vis, 1, (size_t)nr);
             for (int r = 0; r < nr && !whole; r++) {
                 int v;
@@ -395,6 +395,7 @@ static void run_item(void *arg, int64_t index, int thread)
                 sc->vis[r] = (unsigned char)v;
                 any |= v != 0;
                 full &= v == 1;
+                every &= v != 0;
             }
             if (!any) continue;
 
@@ -462,9 +463,10 @@ static void run_item(void *arg, int64_t index, int thread)
             }
             score_fix(L, sc, nr, a, nc);
 
-            /* every row sees every key of the tile and none has gone bad: the table's whole-tile
-             * step where it has one (the same bits as the loop below) */
-            const bool fused = full && !anybad && K->softmax_rows &&
+            /* every row sees some key of the tile (score_fix has put -inf where it does not) and
+             * none has gone bad: the table's whole-tile step where it has one (the same bits as
+             * the loop below, which treats a visible row's -inf scores like any other) */
+            const bool fused = every && !anybad && K->softmax_rows &&
                                K->softmax_rows(sc->s, CPU_KT, nr, nc, sc->m, sc->l, sc->alpha);
             for (int r = 0; r < nr && !fused; r++) {
                 float *s = sc->s + r * CPU_KT;
