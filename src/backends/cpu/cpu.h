@@ -163,11 +163,10 @@ typedef struct pa__cpu_kernels {
     float (*exp_row)(float *s, int n, float m);
     /* Optional (NULL: row_max and exp_row row by row). One tile's online-softmax step for nr
      * rows none of which is marked bad or sees no key of the tile (hidden keys' scores -inf):
-     * with mx the maximum of s[r * lds + 0..nc)
-     * and mn = (mx > m[r] ? mx : m[r]): alpha[r] = (m[r] == mn ? 1 : m[r] == -inf ? 0 :
-     * expf(m[r] - mn)), the row's s = exp_row's values and l[r] = l[r] * alpha[r] + exp_row's
-     * sum, m[r] = mn: bit for bit what the driver's loop computes with this table's row_max and
-     * exp_row. Returns false, having written nothing, when some mx is NaN, +inf or -inf (the
+     * with mx the maximum of s[r * lds + 0..nc) and mn = (mx > m[r] ? mx : m[r]),
+     * alpha[r] = (m[r] == mn ? 1 : m[r] == -inf ? 0 : expf(m[r] - mn)), the row's s = exp_row's
+     * values and l[r] = l[r] * alpha[r] + exp_row's sum, m[r] = mn: bit for bit what the
+     * driver's loop computes with this table's row_max and exp_row. Returns false, having written nothing, when some mx is NaN, +inf or -inf (the
      * driver's loop takes those rows), and may for widths it does not take (the AVX2 table:
      * nc not a multiple of 8); takes every other tile whose nc is a multiple of 16. */
     bool (*softmax_rows)(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha);

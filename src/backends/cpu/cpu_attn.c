@@ -314,7 +314,8 @@ static void run_item(void *arg, int64_t index, int thread)
     memset(sc->o, 0, (size_t)nr * dp * sizeof(float));
 
     if (ulo < uhi) {
-        /* the query rows, converted and pre-scaled */
+        /* the layer's scale: on the fp32 query rows (below), or on the sums of the bf16 dot
+         * products over the query rows as given */
         float qsc = q_scale(cfg);
         key_src ks[CPU_KROWS / 16];
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
