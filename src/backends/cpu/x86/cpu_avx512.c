@@ -2,8 +2,9 @@
  * time only after CPUID + XGETBV (XCR0 opmask/ZMM state) say the machine runs them. They
  * override the AVX2 table (installed first) for every product: decode QK and PV straight from
  * the cache rows, prefill QK over the transposed K tile and PV over the converted V tile, and the
- * row conversion, and the softmax's exp. The transposed K tile (its layout is shared), the row
- * maximum and the output store stay AVX2. Arithmetic is fp32 FMA, 16 lanes.
+ * row conversion, the softmax's exp and its whole-tile step (softmax_rows). The transposed K
+ * tile (its layout is shared), the row maximum of the tiles softmax_rows leaves to the driver's
+ * loop, and the output store stay AVX2. Arithmetic is fp32 FMA, 16 lanes.
  *
  * Blocking: 32 vector registers allow 12 to 16 accumulators plus the operands everywhere:
  *  - decode QK: 4 query rows (one GQA 4 group) x 4 keys over 16-dim steps, each K chunk
