@@ -316,6 +316,14 @@ static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
         }
 }
 
+/* The online softmax's rescale of a row's sums when its running maximum m becomes mn (>= m, not
+ * -inf): the driver's loop and the tables' softmax_rows share it, so that both give one bit
+ * pattern (softmax_rows, in the kernel table above). */
+static inline float pa__cpu_alpha(float m, float mn)
+{
+    return m == mn ? 1.0f : (m == -INFINITY ? 0.0f : expf(m - mn));
+}
+
 /* A probability that marks a masked key (see exp_row): -0.0f. */
 static inline bool pa__cpu_masked(float p)
 {

@@ -479,7 +479,7 @@ static void run_item(void *arg, int64_t index, int thread)
                     sc->alpha[r] = 1.0f;
                     continue;
                 }
-                float al = sc->m[r] == mn ? 1.0f : (sc->m[r] == -INFINITY ? 0.0f : expf(sc->m[r] - mn));
+                float al = pa__cpu_alpha(sc->m[r], mn);
                 float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
                 if (!sc->vis[r])
                     for (int c = 0; c < nc; c++) s[c] = -0.0f;

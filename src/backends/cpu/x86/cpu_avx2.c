@@ -417,7 +417,7 @@ static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         _mm256_storeu_ps(sum, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
         for (int i = 0; i < g; i++) {
             const int r = r0 + i;
-            const float al = m[r] == mr[i] ? 1.0f : (m[r] == -INFINITY ? 0.0f : expf(m[r] - mr[i]));
+            const float al = pa__cpu_alpha(m[r], mr[i]);
             l[r] = l[r] * al + sum[i];
             m[r] = mr[i];
             alpha[r] = al;

@@ -657,11 +657,10 @@ static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         const __mmask16 fresh = _mm512_cmp_ps_mask(mo, ninf, _CMP_EQ_OQ);
         float al[16] __attribute__((aligned(64)));
         _mm512_store_ps(al, _mm512_mask_blend_ps(same, _mm512_setzero_ps(), _mm512_set1_ps(1.0f)));
-        /* a larger maximum than the running one: expf, as the driver's loop (rare after the
-         * first tiles) */
+        /* a larger maximum than the running one (rare after the first tiles): the loop's rule */
         for (unsigned w = live & ~(unsigned)same & ~(unsigned)fresh; w; w &= w - 1) {
             const int i = __builtin_ctz(w);
-            al[i] = expf(m[r0 + i] - mn[r0 + i]);
+            al[i] = pa__cpu_alpha(m[r0 + i], mn[r0 + i]);
         }
         const __m512 va = _mm512_load_ps(al);
         const __m512 vl = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, l + r0), va), sum);
