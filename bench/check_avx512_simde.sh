@@ -8,6 +8,7 @@
 # the reference as usual. Aligned loads and stores check their address here (the hardware faults
 # on a misaligned one, SIMDe would not): a misaligned one aborts with "alignment check failed".
 # Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes,
+# test_cpu_e4m3_nan_pv (the E4M3 decode PV called directly),
 # test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
 # 30 cases).
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
@@ -56,6 +57,8 @@ static inline __m512 _mm512_maskz_loadu_ps(__mmask16 k, const void *p) { float a
 static inline __m512 _mm512_mask_loadu_ps(__m512 src, __mmask16 k, const void *p) { float a[16]; __m512 r; memcpy(a, &src, 64);
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 4 * i, 4); memcpy(&r, a, 64); return r; }
 static inline float _mm512_cvtss_f32(__m512 x) { float f[16]; memcpy(f, &x, 64); return f[0]; }
+static inline __m512i _mm512_zextsi256_si512(__m256i x) { __m512i r; memset(&r, 0, 64); memcpy(&r, &x, 32); return r; }
+static inline __m512i _mm512_zextsi128_si512(__m128i x) { __m512i r; memset(&r, 0, 64); memcpy(&r, &x, 16); return r; }
 static inline void _mm512_mask_storeu_ps(void *p, __mmask16 k, __m512 x) { float a[16]; memcpy(a, &x, 64);
   for (int i = 0; i < 16; i++) if ((k >> i) & 1) memcpy((char *)p + 4 * i, &a[i], 4); }
 static inline void _mm_mask_storeu_ps(void *p, __mmask8 k, __m128 x) { float a[4]; memcpy(a, &x, 16);
@@ -182,7 +185,7 @@ wait
 for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache"
+  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv"
   for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"

@@ -4,14 +4,18 @@
  * each ISA path, under both E4M3 conversions (PAGEDATTN_CPU_FP8: f16 forms, and bf16 words
  * with their own NaN fix-up), to the reference: the same NaN positions in the output, the same values
  * elsewhere. NaN only in V reaches exactly the output dims it sits in (for the query heads of
- * its KV head); NaN in K makes that key's score NaN. */
+ * its KV head); NaN in K makes that key's score NaN. The AVX-512 kernels test the bytes as they
+ * convert them and redo a unit of work with the fix-up where they find a NaN: head sizes 128 and
+ * 80 (64 + 16 bytes: the 16-byte steps of that test) with NaN bytes in first and last dims, and
+ * GQA 40 (a PV call's 40 x 128 outputs, more than the 4096 it keeps for a redo, in two batches). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_cpu_isa.h"
 
 #include <stdbool.h>
 
-enum { H = 8, HKV = 2, D = 128, BS = 16, CTX = 200, NB = (CTX + BS - 1) / BS };
+enum { HMAX = 80, HKV = 2, DMAX = 128, BS = 16, CTX = 200, NB = (CTX + BS - 1) / BS };
+static int H = 8, D = DMAX; /* the query heads and head size of the current round */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint32_t next_u32(void)
@@ -72,13 +76,9 @@ static int compare(const char *what, const float *ref, const float *got)
     return nans;
 }
 
-int main(void)
+/* One round at head size D: phases 0 (no NaN) to 3 over one cache. */
+static void round_at(const pa_backend *cpu, const pa_backend *ref)
 {
-    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
     pa_layer_config cfg;
     pa_layer_config_init(&cfg, H, HKV, D);
     cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = PA_DTYPE_F32;
@@ -92,39 +92,57 @@ int main(void)
     for (int b = 0; b < NB; b++) table[b] = NB - 1 - b;
     unsigned char *kp = cache.key, *vp = cache.value;
     for (int64_t i = 0; i < pa_cache_pool_elems(&cache); i++) kp[i] = e4m3_byte(), vp[i] = e4m3_byte();
-    float q[H * D], want[H * D], got[H * D];
+    static float q[HMAX * DMAX], want[HMAX * DMAX], got[HMAX * DMAX];
     for (int i = 0; i < H * D; i++) q[i] = (float)(next_u32() % 2001) / 1000.0f - 1.0f;
 
-    /* 0: no NaN; 1: NaN in V (key 37, KV head 1, dim 5, and key 150, head 0, dim 127, a
-     * negative one); 2: also NaN in K (key 70, KV head 0, dim 9) */
-    for (int phase = 0; phase < 3; phase++) {
+    /* 0: no NaN; 1: NaN in V (key 37, KV head 1, dim 5, and key 150, head 0, the last dim, a
+     * negative one); 2: also NaN in K (key 70, KV head 0, dim 9); 3: and in K of key 180, KV
+     * head 1, the last dim */
+    for (int phase = 0; phase < 4; phase++) {
         if (phase == 1) {
             vp[elem(&cache, table, 37, 1, 5)] = 0x7f;
-            vp[elem(&cache, table, 150, 0, 127)] = 0xff;
+            vp[elem(&cache, table, 150, 0, D - 1)] = 0xff;
         }
         if (phase == 2) kp[elem(&cache, table, 70, 0, 9)] = 0x7f;
+        if (phase == 3) kp[elem(&cache, table, 180, 1, D - 1)] = 0xff;
         unsetenv("PAGEDATTN_CPU_ISA");
         step(ref, layer, &cache, table, q, want);
         int ran = 0;
         for (int i = 0; i < TEST_CPU_NISA * TEST_CPU_NFP8; i++) {
             setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[i % TEST_CPU_NFP8], 1);
             if (!test_cpu_isa_set(cpu, test_cpu_isas[i / TEST_CPU_NFP8])) continue;
-            char what[96];
-            snprintf(what, sizeof what, "phase %d, isa %s, fp8 forms %s", phase, test_cpu_isas[i / TEST_CPU_NFP8],
-                     test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
+            char what[128];
+            snprintf(what, sizeof what, "%d/%d heads x %d, phase %d, isa %s, fp8 forms %s", H, HKV, D, phase,
+                     test_cpu_isas[i / TEST_CPU_NFP8], test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
             step(cpu, layer, &cache, table, q, got);
             int nans = compare(what, want, got);
             /* the expected NaN counts follow from the reference's own semantics */
             if (phase == 0) CHECK_INT(nans, 0);
-            if (phase == 1) CHECK_INT(nans, 2 * (H / HKV)); /* one dim of each of 4 heads, twice */
-            if (phase == 2) CHECK(nans >= (H / HKV) * D);    /* heads 0-3 see the NaN score */
+            if (phase == 1) CHECK_INT(nans, 2 * (H / HKV)); /* one dim of each head of a KV head, twice */
+            if (phase == 2) CHECK(nans >= (H / HKV) * D);    /* KV head 0's heads see the NaN score */
+            if (phase == 3) CHECK_INT(nans, H * D);          /* and KV head 1's */
             ran++;
         }
         CHECK(ran >= 1);
     }
-    unsetenv("PAGEDATTN_CPU_ISA");
-    unsetenv("PAGEDATTN_CPU_FP8");
     pa_cache_free(&cache);
     pa_layer_destroy(layer);
+}
+
+int main(void)
+{
+    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
+    if (!cpu) {
+        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
+        return 77;
+    }
+    H = 8, D = 128;
+    round_at(cpu, ref);
+    H = 8, D = 80;
+    round_at(cpu, ref);
+    H = 80, D = 128;
+    round_at(cpu, ref);
+    unsetenv("PAGEDATTN_CPU_ISA");
+    unsetenv("PAGEDATTN_CPU_FP8");
     return test_exit();
 }

@@ -254,14 +254,17 @@ typedef struct pa__cpu_kernels {
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
 
-/* A dtype tag of the ISA files' decode kernels (never a layer's dtype): E4M3 rows that a scan
- * found free of NaN bytes (S.1111.111), converted without the NaN fix-up. */
+/* A dtype tag of the ISA files' decode kernels (never a layer's dtype): E4M3 rows converted
+ * without the NaN fix-up (a NaN byte, S.1111.111, would come out finite): the AVX2 kernels take
+ * it for rows that a scan before the call found free of NaN bytes, the AVX-512 ones test the
+ * bytes as they convert them and redo the work with the fix-up where they find one. */
 #define PA__CPU_E4M3F ((pa_dtype)(PA_DTYPE_COUNT_ + 1))
 
-/* Tags of the AVX2 decode kernels: E4M3 rows as bf16 words (pa__e4m3_to_bf16x16, 2^-120 times
- * the value). PA__CPU_E4M3B is what the driver passes (e4m3_bf16 tables only); the kernels scan
- * each call's rows for NaN bytes and take PA__CPU_E4M3BN (QK: the NaN fix-up) or the f16 forms'
- * exact path (PV) when one is there. */
+/* Tags of the decode kernels: E4M3 rows as bf16 words (pa__e4m3_to_bf16x16, 2^-120 times the
+ * value; AVX-512 PV: f32 words). PA__CPU_E4M3B is what the driver passes (e4m3_bf16 tables only);
+ * for rows with NaN bytes the kernels take PA__CPU_E4M3BN (with the NaN fix-up) or the f16 forms'
+ * exact path: the AVX2 ones after a scan of each call's rows, the AVX-512 ones by a redo (as for
+ * PA__CPU_E4M3F). */
 #define PA__CPU_E4M3B ((pa_dtype)(PA_DTYPE_COUNT_ + 2))
 #define PA__CPU_E4M3BN ((pa_dtype)(PA_DTYPE_COUNT_ + 3))
 #define PA__CPU_E4M3_UP 0x1p120f

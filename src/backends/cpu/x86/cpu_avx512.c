@@ -22,7 +22,8 @@
  * E4M3 decode rows: words 2^-120 times the value (PA__CPU_E4M3B; bf16 words in QK over
  * pair-split queries, words32, f32 words otherwise, cvt16r) on AMD, whose FP units take the
  * subnormal ones at full speed, with the query rows and probabilities 2^120 times theirs; f16
- * forms elsewhere (cpu.h, e4m3_bf16).
+ * forms elsewhere (cpu.h, e4m3_bf16). Both without the NaN fix-up, the bytes tested on the way
+ * and the work redone with it where one was a NaN (e4m3_fast, below).
  * Written on AVX2-only machines and checked there under SIMDe (bench/check_avx512_simde.sh);
  * since run and timed natively on Intel Xeons (bench/NOTES.md, nineteenth and twenty-sixth
  * passes) and on a Zen 5 EPYC (twenty-eighth), not yet on Zen 4. */
@@ -62,8 +63,8 @@ AI __m512 cvt16(pa_dtype dtype, const char *p)
     }
 }
 
-/* PA__CPU_E4M3F (cpu.h): E4M3 rows converted without the NaN fix-up (as the AVX2 path;
- * a5_qk_src and a5_pv_src check each call's rows with pa__e4m3_rows_nan first). */
+/* PA__CPU_E4M3F (cpu.h): E4M3 rows converted without the NaN fix-up (the kernels that take it
+ * test the bytes on the way: e4m3_fast). */
 
 /* cvt16 for the decode kernels: E4M3 comes out 2^-8 times its value (the kernels apply 2^8 once,
  * to the finished scores and outputs: exact, a power of two), with the NaN fix-up only for
@@ -104,15 +105,61 @@ static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, 
     }
 }
 
+/* ---- E4M3 NaN bytes in the decode kernels -------------------------------------------------- */
+
+/* The decode kernels convert E4M3 rows without the NaN fix-up (the fast tags PA__CPU_E4M3B and
+ * PA__CPU_E4M3F, whose NaN bytes would become finite values) and test the bytes they convert on
+ * the way: the running maximum of their low 7 bits, 0x7f where some byte is S.1111.111. A unit
+ * of work that saw one is done again with the fix-up (PA__CPU_E4M3BN, PA_DTYPE_FP8_E4M3) before
+ * anything of it is stored: a QK call's scores, a PV chunk's output dims. A separate scan of each
+ * call's rows before the kernel (pa__e4m3_rows_nan, as the AVX2 kernels do) took 17% of an E4M3
+ * decode with the KV in L2 and 20% from DRAM even in 64-byte vectors (bench/NOTES.md,
+ * thirty-first pass): it read every line once more, in a burst of loads with no arithmetic. */
+AI bool e4m3_fast(pa_dtype dt)
+{
+    return dt == PA__CPU_E4M3B || dt == PA__CPU_E4M3F;
+}
+
+AI pa_dtype e4m3_fixed(pa_dtype dt)
+{
+    return dt == PA__CPU_E4M3B ? PA__CPU_E4M3BN : PA_DTYPE_FP8_E4M3;
+}
+
+/* a with the low 7 bits of the n bytes at p (n a multiple of 16) folded in by maxima */
+AI __m512i nan_acc(__m512i a, const char *p, int n)
+{
+    const __m512i m = _mm512_set1_epi8(0x7f);
+    int j = 0;
+    for (; j + 128 <= n; j += 128)
+        a = _mm512_max_epu8(_mm512_max_epu8(a, _mm512_and_si512(_mm512_loadu_si512(p + j), m)),
+                            _mm512_and_si512(_mm512_loadu_si512(p + j + 64), m));
+    if (j + 64 <= n) a = _mm512_max_epu8(a, _mm512_and_si512(_mm512_loadu_si512(p + j), m)), j += 64;
+    if (j + 32 <= n)
+        a = _mm512_max_epu8(a, _mm512_zextsi256_si512(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + j)),
+                                                                       _mm512_castsi512_si256(m)))),
+        j += 32;
+    if (j + 16 <= n)
+        a = _mm512_max_epu8(a, _mm512_zextsi128_si512(_mm_and_si128(_mm_loadu_si128((const __m128i *)(p + j)),
+                                                                    _mm512_castsi512_si128(m))));
+    return a;
+}
+
+AI bool nan_seen(__m512i a)
+{
+    return _mm512_cmpeq_epi8_mask(a, _mm512_set1_epi8(0x7f)) != 0;
+}
+
 /* ---- decode QK: straight from the cache rows ---------------------------------------------- */
 
 /* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps. */
 AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
-                  float *s, int lds, pa__cpu_pfc *pc, int per)
+                  float *s, int lds, pa__cpu_pfc *pc, int per, __m512i *nan)
 {
     const size_t es = esize(dt);
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    if (e4m3_fast(dt))
+        for (int u = 0; u < KB; u++) *nan = nan_acc(*nan, krows[c0 + u], dp);
     for (int j = 0; j < dp; j += 16) {
         __m512 x[16];
         for (int u = 0; u < KB; u++) x[u] = cvt16r(dt, (const char *)krows[c0 + u] + (size_t)j * es);
@@ -129,11 +176,14 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
 
 /* 32 key values at p as bf16 words in memory order (32-bit lane i: dims 2i and 2i + 1): bf16 rows
  * as they are, one 64-byte load; E4M3 rows (PA__CPU_E4M3B, E4M3BN) by pa__e4m3_to_bf16x16's
- * operations on 32 bytes, 2^-120 times the value (the caller's query rows 2^120 times theirs). */
-AI __m512i words32(pa_dtype dt, const char *p)
+ * operations on 32 bytes, 2^-120 times the value (the caller's query rows 2^120 times theirs),
+ * for PA__CPU_E4M3B with the bytes' NaN test folded into seen (nan_acc's maxima). */
+AI __m512i words32(pa_dtype dt, const char *p, __m256i *seen)
 {
     if (dt == PA_DTYPE_BF16) return _mm512_loadu_si512(p);
-    __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+    if (e4m3_fast(dt)) *seen = _mm256_max_epu8(*seen, _mm256_and_si256(raw, _mm256_set1_epi8(0x7f)));
+    __m512i x = _mm512_cvtepi8_epi16(raw);
     __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 4), _mm512_set1_epi16((short)0x87f0));
     if (dt == PA__CPU_E4M3BN) {
         __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x7ff0)),
@@ -149,15 +199,16 @@ AI __m512i words32(pa_dtype dt, const char *p)
  * half. Key outermost, rows inside: each converted vector is used at once (16 accumulators, the
  * KB words and the R query vectors fit the 32 registers for 4 x 4, 2 x 8 and 1 x 8). */
 AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
-                  float *s, int lds, pa__cpu_pfc *pc, int per)
+                  float *s, int lds, pa__cpu_pfc *pc, int per, __m512i *nan)
 {
     const size_t es = dt == PA_DTYPE_BF16 ? 2 : 1;
     const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    __m256i n8 = _mm256_setzero_si256();
     for (int j = 0; j < dp; j += 32) {
         __m512i w[8];
-        for (int u = 0; u < KB; u++) w[u] = words32(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        for (int u = 0; u < KB; u++) w[u] = words32(dt, (const char *)krows[c0 + u] + (size_t)j * es, &n8);
         pfc_step(pc, per);
         for (int half = 0; half < 2; half++) {
             __m512 qv[4];
@@ -169,43 +220,59 @@ AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
         }
     }
     store_scores(R, KB, a, 1.0f, s, lds, c0);
+    if (e4m3_fast(dt)) *nan = _mm512_max_epu8(*nan, _mm512_zextsi256_si512(n8));
 }
 
 /* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
  * by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per dim step
- * of the blocks (pa__cpu_pfc). P: the query rows pair-split, qkp_block's 32-dim steps. */
-AI void qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
+ * of the blocks (pa__cpu_pfc). P: the query rows pair-split, qkp_block's 32-dim steps. Returns
+ * whether a fast E4M3 tag's rows held a NaN byte (the scores are then to be made again). */
+AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, nc / KB * (dp / (P ? 32 : 16)));
+    __m512i nan = _mm512_setzero_si512();
     int c = 0;
     for (; c + KB <= nc; c += KB)
-        if (P) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
-        else qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per);
+        if (P) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per, &nan);
+        else qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per, &nan);
     for (; c < nc; c++)
-        if (P) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
-        else qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0);
+        if (P) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0, &nan);
+        else qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0, &nan);
     pfc_step(&pc, -1);
+    return e4m3_fast(dt) && nan_seen(nan);
 }
 
-AI void qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
+/* All nr rows, in groups of 4. Returns whether a fast E4M3 tag's rows held a NaN byte: the
+ * caller then makes the scores again with the fix-up (qkz_src_e4m3). */
+AI bool qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
                 int lds, const pa__cpu_pf *pf)
 {
     int r = 0, ng = (nr + 3) / 4;
+    bool nan = false;
     for (; r < nr; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
         const pa__cpu_pf *pp = pf ? &part : NULL;
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 3: qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 2: qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        default: qkz_rows(P, 1, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 4: nan = qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 3: nan = qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 2: nan = qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        default: nan = qkz_rows(P, 1, dt, krows, nc, qr, dp, sr, lds, pp); break;
         }
+        if (nan) break; /* (every group converts the same rows) */
     }
+    return nan;
+}
+
+/* qkz_src for a fast E4M3 tag, and again with the fix-up where the rows held a NaN byte */
+AI void qkz_src_e4m3(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp,
+                     float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (qkz_src(P, dt, krows, nc, q, nr, dp, s, lds, pf)) qkz_src(P, e4m3_fixed(dt), krows, nc, q, nr, dp, s, lds, NULL);
 }
 
 static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
@@ -213,29 +280,24 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
 {
     switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
     case PA__CPU_E4M3B: /* (q 2^120 times, cpu.h) */
-        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(false, PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
-        else qkz_src(false, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+        qkz_src_e4m3(false, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
         break;
     case PA_DTYPE_F32: qkz_src(false, PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_F16: qkz_src(false, PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_BF16: qkz_src(false, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_FP8_E4M3:
-        if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(false, PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
-        else qkz_src(false, PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
-        break;
+    case PA_DTYPE_FP8_E4M3: qkz_src_e4m3(false, PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf); break;
     case PA_DTYPE_FP8_E5M2: qkz_src(false, PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
     default: break;
     }
 }
 
-/* bf16 keys, or E4M3 keys as bf16 words (PA__CPU_E4M3B; the rows scanned for NaN bytes first, as
- * in a5_qk_src); dp a multiple of 32 (the driver's condition) */
+/* bf16 keys, or E4M3 keys as bf16 words (PA__CPU_E4M3B; NaN bytes as in a5_qk_src); dp a
+ * multiple of 32 (the driver's condition) */
 static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
     if (dtype == PA_DTYPE_BF16) qkz_src(true, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
-    else if (pa__e4m3_rows_nan(krows, nc, dp)) qkz_src(true, PA__CPU_E4M3BN, krows, nc, q, nr, dp, s, lds, pf);
-    else qkz_src(true, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
+    else qkz_src_e4m3(true, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
 }
 
 /* ---- PV: O = O * alpha + P V -------------------------------------------------------------- */
@@ -250,9 +312,11 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
  * once per call) and adds them to alpha * O. llvm-mca 19 on the compiled 4-row loops (gcc 12
  * -O3), cycles per FMA: Skylake-X 0.84 -> 0.73-0.77, Ice Lake server 1.42 -> 1.25-1.27, Zen 4
  * 1.30 -> 1.25 (not timed on hardware: no AVX-512 machine here). */
-AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+AI bool pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                   const float *p, int ldp, int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
+    const bool scan = e4m3_fast(dt) && !vd; /* (E4M3 comes as cache rows only) */
+    __m512i nan = _mm512_setzero_si512();
     const size_t es = esize(dt);
     const int NS = dt == PA_DTYPE_BF16 && !vd ? NV / 2 * 2 : 0; /* vectors that come pair-split */
     const float in = pa__cpu_is_e4m3(dt) ? 1.0f / 256.0f : 1.0f; /* E4M3 V comes 2^-8 times (cvt16r) */
@@ -277,6 +341,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             x[u + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, odd));
         }
         for (int u = NS; u < NV; u++) x[u] = cvt16r(dt, vp + (size_t)16 * u * es);
+        if (scan) nan = nan_acc(nan, vp, 16 * NV);
         pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
@@ -300,6 +365,7 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, d0));
             _mm512_store_ps(oh + 16, _mm512_fmadd_ps(_mm512_load_ps(oh + 16), al, d1));
         }
+    return scan && nan_seen(nan);
 }
 
 /* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8), except over
@@ -307,14 +373,16 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
  * pairs). Against 3 and 6, cache-resident decode 16 x 4096: GQA 4 E4M3 9.51 -> 9.10 ms, its f16
  * forms 10.57 -> 10.00, f32 9.50 -> 8.54; GQA 2 E4M3 6.89 -> 6.30, f16 5.20 -> 4.81; from DRAM
  * E4M3 10.56 -> 10.35 (GQA 4), 8.42 -> 8.04 (GQA 2); bench/NOTES.md, twenty-ninth pass. The last
- * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. */
-AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+ * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. Returns
+ * whether a fast E4M3 tag's rows held a NaN byte among those multiplied (pvz_chunk). */
+AI bool pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     /* (vr: cache rows, bf16 ones pair-split in pvz_chunk; vd: a dense tile) */
     const int NVM = vr && (R == 2 || R == 4) ? 16 / R : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
+    bool nan = false;
     int j = 0;
     while (j < dp) {
         int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
@@ -323,7 +391,7 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
         switch (w) {
 #define PVZ_CASE(n)                                                                                  \
     case n:                                                                                          \
-        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
+        if (n <= NVM) nan |= pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
         break;
             PVZ_CASE(8)
             PVZ_CASE(7)
@@ -333,11 +401,12 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
             PVZ_CASE(3)
             PVZ_CASE(2)
 #undef PVZ_CASE
-        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
+        default: nan |= pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
         }
         j += 16 * w;
     }
     pfc_step(&pc, -1);
+    return nan;
 }
 
 /* Rows in groups of G (4 for decode; for prefill tiles 12, one 16-dim vector per row, so each
@@ -345,12 +414,15 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
  * two vectors per row), the rest
  * in groups of at most 6, over
  * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
- * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
-AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
+ * masked keys are left out of the run's list (never multiplied in: their V may be NaN). Returns
+ * whether a fast E4M3 tag's rows held a NaN byte among those multiplied in (o is then wrong in
+ * the dims it sits in, and the caller makes it again: pv_src_e4m3). */
+AI bool pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
                 int nr, int dp, const float *alpha, const unsigned char *colmask, float *o,
                 const pa__cpu_pf *pf)
 {
     int idx[64];
+    bool nan = false;
     for (int c0 = 0; c0 == 0 || c0 < nc; c0 += 64) {
         int n = nc - c0 < 64 ? nc - c0 : 64, nv = n;
         const int *ip = NULL;
@@ -371,17 +443,18 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
             const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
             float *orow = o + (size_t)r * dp;
             switch (take) {
-            case 12: pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 8: pvz_rows(8, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 6: pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 5: pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 4: pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 3: pvz_rows(3, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 2: pvz_rows(2, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            default: pvz_rows(1, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 12: nan |= pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 8: nan |= pvz_rows(8, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 6: nan |= pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 5: nan |= pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 4: nan |= pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 3: nan |= pvz_rows(3, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 2: nan |= pvz_rows(2, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            default: nan |= pvz_rows(1, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             }
         }
     }
+    return nan;
 }
 
 /* E4M3 V rows (PA__CPU_E4M3B or PA_DTYPE_FP8_E4M3, as a5_pv_src takes them). Rows of 8 or more
@@ -389,20 +462,35 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
  * instead of twice (16 x 4096, GQA 8, one thread, from DRAM: 17.63 -> 16.72 ms, the f16 forms
  * 20.71 -> 17.41; f16 rows, whose conversion is one instruction, were 1-3% slower so and keep
  * groups of 4). Its own function: inlined into a5_pv_src, the groups of 8 cost the f16 case 4%
- * (bench/NOTES.md, twenty-ninth pass). */
+ * (bench/NOTES.md, twenty-ninth pass). The rows go without the NaN fix-up, in batches of at most
+ * PV_SAVE floats of output whose values before the call are kept: a batch whose V rows held a NaN
+ * byte gets them back and is made again with the fix-up. */
+#define PV_SAVE 4096
 static __attribute__((noinline)) void pv_src_e4m3(bool words, const void *const *vrows, int nc, const float *p,
                                                   int ldp, int nr, int dp, const float *alpha,
                                                   const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
     const int g = nr >= 8 ? 8 : 4;
-    if (pa__e4m3_rows_nan(vrows, nc, dp)) {
-        pvz_all(g, PA_DTYPE_FP8_E4M3, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
-    } else if (words && nr <= 16 && nc <= CPU_KT) {
-        float ps[16 * CPU_KT] __attribute__((aligned(64)));
+    float ps[16 * CPU_KT] __attribute__((aligned(64)));
+    float o0[PV_SAVE] __attribute__((aligned(64)));
+    words = words && nr <= 16 && nc <= CPU_KT;
+    const pa_dtype dt = words ? PA__CPU_E4M3B : PA__CPU_E4M3F;
+    if (words) { /* (V as words 2^-120 times the value, so the probabilities 2^120 times theirs) */
         pa__cpu_probs_up(p, ldp, nr, nc, ps);
-        pvz_all(g, PA__CPU_E4M3B, vrows, NULL, nc, ps, CPU_KT, nr, dp, alpha, colmask, o, pf);
-    } else {
-        pvz_all(g, PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        p = ps, ldp = CPU_KT;
+    }
+    /* rows per batch: all, or a multiple of g (dp <= 512, so at least 8) */
+    const int batch = nr * dp <= PV_SAVE ? nr : PV_SAVE / dp / g * g;
+    for (int r0 = 0; r0 < nr; r0 += batch) {
+        const int n = nr - r0 < batch ? nr - r0 : batch;
+        pa__cpu_pf part = pf_range(pf, r0, r0 + n, nr);
+        const float *pr = p + (size_t)r0 * ldp, *ar = alpha ? alpha + r0 : NULL;
+        float *orow = o + (size_t)r0 * dp;
+        memcpy(o0, orow, (size_t)n * dp * sizeof(float));
+        if (pvz_all(g, dt, vrows, NULL, nc, pr, ldp, n, dp, ar, colmask, orow, pf ? &part : NULL)) {
+            memcpy(orow, o0, (size_t)n * dp * sizeof(float));
+            pvz_all(g, e4m3_fixed(dt), vrows, NULL, nc, pr, ldp, n, dp, ar, colmask, orow, NULL);
+        }
     }
 }
 
