@@ -12,15 +12,11 @@
 #include "test.h"
 
 #include "backends/cpu/cpu.h"
+#include "test_cpu_tables.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12) __attribute__((weak));
-extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
-extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));
-extern bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f) __attribute__((weak));
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next_u32(void)
@@ -48,22 +44,11 @@ enum { NRMAX = 40, DMAX = 512 };
 
 int main(void)
 {
-    if (!pa_backend_find("cpu")) {
-        printf("SKIP: the cpu backend is not built\n");
-        return 77;
-    }
-    if (!pa__cpu_kernels_init_avx512 || !pa__cpu_kernels_init_generic || !pa__cpu_detect || !pa__cpu_isa_usable) {
-        printf("SKIP: this build has no AVX-512 kernels\n");
-        return 77;
-    }
-    pa__cpu_features f;
-    pa__cpu_detect(&f);
-    if (!pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
-        printf("SKIP: this CPU does not run the avx512 path\n");
-        return 77;
-    }
+    const int skip = test_cpu_avx512_skip();
+    if (skip) return skip;
     pa__cpu_kernels k;
     pa__cpu_kernels_init_generic(&k);
+    if (pa__cpu_kernels_init_avx2) pa__cpu_kernels_init_avx2(&k); /* (as the backend builds the table) */
     pa__cpu_kernels_init_avx512(&k, false);
     CHECK(k.pv_src != NULL);
     if (!k.pv_src) return test_exit();

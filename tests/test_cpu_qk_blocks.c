@@ -11,15 +11,10 @@
 #include "test.h"
 
 #include "backends/cpu/cpu.h"
+#include "test_cpu_tables.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* weak: a build without the AVX-512 kernels (or without the cpu backend) links and skips */
-extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12) __attribute__((weak));
-extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
-extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));
-extern bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f) __attribute__((weak));
 
 static uint64_t rng = 0x51eb851fu;
 static float rnd(void)
@@ -30,22 +25,8 @@ static float rnd(void)
 
 int main(void)
 {
-    /* (a strong reference into the library's backend list, so that the static link pulls in the
-     * cpu backend's objects, and with them the kernels the weak names above refer to) */
-    if (!pa_backend_find("cpu")) {
-        printf("SKIP: the cpu backend is not built\n");
-        return 77;
-    }
-    if (!pa__cpu_kernels_init_avx512 || !pa__cpu_kernels_init_generic || !pa__cpu_detect || !pa__cpu_isa_usable) {
-        printf("SKIP: this build has no AVX-512 kernels\n");
-        return 77;
-    }
-    pa__cpu_features f;
-    pa__cpu_detect(&f);
-    if (!pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
-        printf("SKIP: this CPU does not run the avx512 path\n");
-        return 77;
-    }
+    const int skip = test_cpu_avx512_skip();
+    if (skip) return skip;
     pa__cpu_kernels ka, kb;
     pa__cpu_kernels_init_generic(&ka);
     pa__cpu_kernels_init_generic(&kb);

@@ -11,17 +11,11 @@
 #include "test.h"
 
 #include "backends/cpu/cpu.h"
+#include "test_cpu_tables.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* weak: a build without these kernels links and skips */
-extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
-extern void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k) __attribute__((weak));
-extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12) __attribute__((weak));
-extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));
-extern bool pa__cpu_isa_usable(pa__cpu_isa isa, const pa__cpu_features *f) __attribute__((weak));
 
 static uint64_t rng = 0x9e3779b97f4a7c15u;
 static uint32_t rnd_u(uint32_t n)
