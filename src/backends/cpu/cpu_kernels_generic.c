@@ -2,6 +2,8 @@
  * overrides entries of this table; anything it leaves alone runs here. */
 #include "cpu.h"
 
+#include <string.h>
+
 static void g_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
 {
     for (int i = 0; i < n; i++) {
@@ -87,6 +89,8 @@ static void g_store_row(pa_dtype dtype, const float *src, int d, float mul, void
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
 {
+    /* every optional entry NULL (and any added later: a table may live on the stack) */
+    memset(k, 0, sizeof *k);
     k->name = "generic";
     k->load_rows = g_load_rows;
     k->qk = g_qk;
@@ -94,18 +98,5 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->exp_row = g_exp_row;
     k->pv = pa__cpu_pv_masked;
     k->store_row = g_store_row;
-    k->qk_src = NULL;
-    k->load_rows_t = NULL;
-    k->qk_t = NULL;
-    k->pv_src = NULL;
-    k->pv_rows = NULL;
-    k->qk_src_bf16 = NULL;
-    k->qk_t_bf16 = NULL;
-    k->qk_src_pairs = NULL;
     k->pair_span = 16;
-    k->pv_src_bf16 = NULL;
-    k->load_v_pairs = NULL;
-    k->pv_bf16 = NULL;
-    k->pf_spread = false;
-    k->e4m3_bf16 = false;
 }
