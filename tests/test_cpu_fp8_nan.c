@@ -7,7 +7,9 @@
  * its KV head); NaN in K makes that key's score NaN. The AVX-512 kernels test the bytes as they
  * convert them and redo a unit of work with the fix-up where they find a NaN: head sizes 128 and
  * 80 (64 + 16 bytes: the 16-byte steps of that test) with NaN bytes in first and last dims, and
- * GQA 40 (a PV call's 40 x 128 outputs, more than the 4096 it keeps for a redo, in two batches). */
+ * GQA 40 (more rows than a decode tile reads from the cache directly: the converted copy's path);
+ * then bf16 queries at GQA 8, 7 and 4 (the first two: QK by bf16 dot products, with its own
+ * NaN test and redo). */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_cpu_isa.h"
@@ -16,6 +18,8 @@
 
 enum { HMAX = 80, HKV = 2, DMAX = 128, BS = 16, CTX = 200, NB = (CTX + BS - 1) / BS };
 static int H = 8, D = DMAX; /* the query heads and head size of the current round */
+static pa_dtype QDT = PA_DTYPE_F32; /* and its query dtype (bf16: the avx512bf16 path's QK by bf16
+                                     * dot products over E4M3 keys, at GQA 5-8) */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint32_t next_u32(void)
@@ -42,6 +46,9 @@ static int64_t elem(const pa_cache *c, const int32_t *table, int64_t key, int kv
 static void step(const pa_backend *be, pa_layer *layer, pa_cache *cache, const int32_t *table,
                  const float *q, float *out)
 {
+    static uint16_t q16[HMAX * DMAX];
+    if (QDT == PA_DTYPE_BF16)
+        for (int i = 0; i < H * D; i++) q16[i] = pa_f32_to_bf16(q[i]);
     pa_context *ctx = NULL;
     pa_batch *batch = NULL;
     pa_plan *plan = NULL;
@@ -52,7 +59,7 @@ static void step(const pa_backend *be, pa_layer *layer, pa_cache *cache, const i
     CHECK_OK(pa_batch_create(&bc, &seq, 1, &batch));
     CHECK_OK(pa_plan_create(ctx, layer, batch, &plan));
     for (int i = 0; i < H * D; i++) out[i] = -12345.0f;
-    pa_forward_args a = {.q = q, .cache = cache, .out = out};
+    pa_forward_args a = {.q = QDT == PA_DTYPE_BF16 ? (const void *)q16 : (const void *)q, .cache = cache, .out = out};
     CHECK_OK(pa_attn_forward(ctx, layer, batch, plan, &a));
     pa_plan_destroy(plan);
     pa_batch_destroy(batch);
@@ -81,7 +88,8 @@ static void round_at(const pa_backend *cpu, const pa_backend *ref)
 {
     pa_layer_config cfg;
     pa_layer_config_init(&cfg, H, HKV, D);
-    cfg.q_dtype = cfg.kv_dtype = cfg.out_dtype = PA_DTYPE_F32;
+    cfg.q_dtype = QDT;
+    cfg.kv_dtype = cfg.out_dtype = PA_DTYPE_F32;
     cfg.cache_dtype = PA_DTYPE_FP8_E4M3;
     pa_layer *layer = NULL;
     CHECK_OK(pa_layer_create(&cfg, &layer));
@@ -112,7 +120,7 @@ static void round_at(const pa_backend *cpu, const pa_backend *ref)
             setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[i % TEST_CPU_NFP8], 1);
             if (!test_cpu_isa_set(cpu, test_cpu_isas[i / TEST_CPU_NFP8])) continue;
             char what[128];
-            snprintf(what, sizeof what, "%d/%d heads x %d, phase %d, isa %s, fp8 forms %s", H, HKV, D, phase,
+            snprintf(what, sizeof what, "%s q, %d/%d heads x %d, phase %d, isa %s, fp8 forms %s", QDT == PA_DTYPE_BF16 ? "bf16" : "f32", H, HKV, D, phase,
                      test_cpu_isas[i / TEST_CPU_NFP8], test_cpu_fp8_forms[i % TEST_CPU_NFP8]);
             step(cpu, layer, &cache, table, q, got);
             int nans = compare(what, want, got);
@@ -141,6 +149,13 @@ int main(void)
     H = 8, D = 80;
     round_at(cpu, ref);
     H = 80, D = 128;
+    round_at(cpu, ref);
+    QDT = PA_DTYPE_BF16;
+    H = 16, D = 128; /* GQA 8 */
+    round_at(cpu, ref);
+    H = 14, D = 64; /* GQA 7 */
+    round_at(cpu, ref);
+    H = 8, D = 128; /* GQA 4: the fp32 path's kernels under bf16 queries */
     round_at(cpu, ref);
     unsetenv("PAGEDATTN_CPU_ISA");
     unsetenv("PAGEDATTN_CPU_FP8");

@@ -805,6 +805,21 @@ static void build_cases(void)
     c.H = 24, c.D = 96, c.nonfinite = 1, c.wl = 90, c.wr = 0, c.qd = c.kvd = c.outd = PA_DTYPE_F16;
     decode_only(&c, 305, 2);
     push(c, "gqa8");
+    /* E4M3 decodes with bf16 queries and 7 query rows per KV head, whose QK is bf16 dot products
+     * over keys converted exactly, rows two to a vector, on the avx512bf16 path: head 64 over an
+     * NHD cache, scaled; then NaN bytes in the cached K and V read (that kernel's NaN test and
+     * its redo with the fix-up; no window, so that the NaN key is seen), then a window */
+    c = base_case();
+    c.D = 64, c.H = 14, c.Hkv = 2, c.layout = LAYOUT_NHD, c.cache = PA_DTYPE_FP8_E4M3;
+    c.kscale = 1.25f, c.vscale = 0.5f, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+    decode_only(&c, 303, 3);
+    push(c, "gqa7");
+    c.nonfinite = 1;
+    decode_only(&c, 307, 2);
+    push(c, "gqa7");
+    c.wl = 120, c.wr = 0;
+    decode_only(&c, 309, 2);
+    push(c, "gqa7");
 }
 
 int grid_count(void)

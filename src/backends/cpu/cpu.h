@@ -205,6 +205,12 @@ typedef struct pa__cpu_kernels {
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
+    /* Optional (NULL: qk_src_pairs or qk_src). Decode QK by bf16 dot products for bf16 queries
+     * over E4M3 key rows (AVX512-BF16), as qk_src_bf16 (q16 as given): each key value converted
+     * exactly to bf16 in registers, a NaN byte giving a NaN score. dp a multiple of 32; any nr,
+     * but meant for 7 or 8 (GQA 7-8), where each conversion serves 8 rows' products. */
+    void (*qk_src_e4m3_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                             float *s, int lds, const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_src). qk_src for bf16 or E4M3 key rows with the query rows pair-split
      * (pa__cpu_pair_split: each pair_span dims stored as the even ones, then the odd ones; the
      * driver takes this kernel only where dp is a multiple of pair_span), so that one load of

@@ -117,14 +117,48 @@ AI void store_block(__m512 x, int h, float *p, int n)
     else _mm_mask_storeu_ps(p, (__mmask8)((1u << n) - 1), b);
 }
 
-/* S[h][c0 .. c0 + KB) for rows h < R (5..8), KB <= 4 keys */
-AI void qkp_block(int R, int KB, const void *const *krows, int c0, const __m512i *qp, int nt, float scale,
-                  float *s, int lds, pa__cpu_pfc *pc, int per)
+/* 32 E4M3 values at p as bf16, exactly, 2^-8 times the value: the byte sign-extended and shifted
+ * into an f16 (cpu_x86_fp8.h's f16 forms), two vcvtph2ps (which normalize the E4M3 subnormals:
+ * as bf16 they are normal, so vdpbf16ps keeps them), one vcvtne2ps2bf16 (exact: 4 significant
+ * bits). Without fix a NaN byte comes out finite and the bytes' low 7 bits go into seen (a
+ * running maximum: 0x7f where one was a NaN); with fix it comes out NaN. */
+AI __m512i e4m3_bf16x32(const char *p, bool fix, __m256i *seen)
+{
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)p);
+    if (!fix) *seen = _mm256_max_epu8(*seen, _mm256_and_si256(raw, _mm256_set1_epi8(0x7f)));
+    __m512i h = _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), _mm512_set1_epi16((short)0xbfff));
+    if (fix) {
+        const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x7fff)),
+                                                      _mm512_set1_epi16(0x3f80));
+        h = _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7e00)));
+    }
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+    __m512i r;
+    const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+
+/* S[h][c0 .. c0 + KB) for rows h < R (5..8; fewer work too), KB <= 4 keys. E: E4M3 keys (dp a
+ * multiple of 32), converted 32 dims at a time by e4m3_bf16x32 (with fix, or testing for NaN
+ * bytes into seen), each 16-dim half broadcast to both halves of a vector; the scores then come
+ * out 2^-8 times (the caller's scale takes 2^8). */
+AI void qkp_block(int R, int KB, bool E, bool fix, const void *const *krows, int c0, const __m512i *qp, int nt,
+                  float scale, float *s, int lds, pa__cpu_pfc *pc, int per, __m256i *seen)
 {
     __m512 a[16]; /* a[4 p + u]: row pair p, key u */
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < nt; t += E ? 2 : 1) {
         for (int u = 0; u < KB; u++) {
+            if (E) {
+                const __m512i z = e4m3_bf16x32((const char *)krows[c0 + u] + 16 * (size_t)t, fix, seen);
+                const __m512bh k0 = as_bh(_mm512_shuffle_i32x4(z, z, 0x44)), k1 = as_bh(_mm512_shuffle_i32x4(z, z, 0xee));
+                for (int p = 0; p < 4; p++) {
+                    a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t]), k0);
+                    a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t + 1]), k1);
+                }
+                continue;
+            }
             const __m512bh k = as_bh(_mm512_broadcast_i64x4(
                 _mm256_loadu_si256((const __m256i *)((const char *)krows[c0 + u] + 32 * (size_t)t))));
             for (int p = 0; p < 4; p++) a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t]), k);
@@ -146,23 +180,26 @@ AI void qkp_block(int R, int KB, const void *const *krows, int c0, const __m512i
     }
 }
 
-AI void qkp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s, int lds,
-                 const pa__cpu_pf *pf)
+/* Returns, for E4M3 keys without fix, whether a NaN byte was among them (qkp_block) */
+AI bool qkp_rows(int R, bool E, bool fix, const void *const *krows, int nc, const uint16_t *q, int dp, float scale,
+                 float *s, int lds, const pa__cpu_pf *pf)
 {
     __m512i qp[4 * 512 / 16];
     pair_queries(R, q, dp, qp);
     const int nt = dp / 16;
     pa__cpu_pfc pc = pfc_init(pf);
-    const int per = pfc_per(pf, (nc + 3) / 4 * nt);
+    const int per = pfc_per(pf, (nc + 3) / 4 * (E ? nt / 2 : nt));
+    __m256i seen = _mm256_setzero_si256();
     int c = 0;
-    for (; c + 4 <= nc; c += 4) qkp_block(R, 4, krows, c, qp, nt, scale, s, lds, &pc, per);
+    for (; c + 4 <= nc; c += 4) qkp_block(R, 4, E, fix, krows, c, qp, nt, scale, s, lds, &pc, per, &seen);
     switch (nc - c) {
-    case 3: qkp_block(R, 3, krows, c, qp, nt, scale, s, lds, &pc, per); break;
-    case 2: qkp_block(R, 2, krows, c, qp, nt, scale, s, lds, &pc, per); break;
-    case 1: qkp_block(R, 1, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    case 3: qkp_block(R, 3, E, fix, krows, c, qp, nt, scale, s, lds, &pc, per, &seen); break;
+    case 2: qkp_block(R, 2, E, fix, krows, c, qp, nt, scale, s, lds, &pc, per, &seen); break;
+    case 1: qkp_block(R, 1, E, fix, krows, c, qp, nt, scale, s, lds, &pc, per, &seen); break;
     default: break;
     }
     pfc_step(&pc, -1);
+    return E && !fix && _mm256_movemask_epi8(_mm256_cmpeq_epi8(seen, _mm256_set1_epi8(0x7f))) != 0;
 }
 
 /* Rows in groups of 8 as row pairs (qkp_rows), what is left (1 to 4 rows) by qkb_rows. (Two
@@ -180,10 +217,10 @@ static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q1
         const uint16_t *qr = q16 + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 8 ? nr - r : 8) {
-        case 8: qkp_rows(8, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 7: qkp_rows(7, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 6: qkp_rows(6, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qkp_rows(5, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 8: qkp_rows(8, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 7: qkp_rows(7, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 6: qkp_rows(6, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qkp_rows(5, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
         }
     }
     for (; r < nr; r += 4) {
@@ -198,6 +235,43 @@ static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q1
         default: qkb_rows(1, krows, nc, qr, dp, scale, sr, lds, pp); break;
         }
     }
+}
+
+/* ---- decode: QK for bf16 queries over E4M3 keys, 7 or 8 rows --------------------------------
+ * With 7 or 8 query rows per KV head (GQA 7-8) the exact conversion of each E4M3 key to bf16
+ * (e4m3_bf16x32: ~9 operations per 32 values) serves 8 rows' dot products, and vdpbf16ps halves
+ * the multiplies of the fp32 path, which converts more cheaply (bf16 words 2^-120 times the
+ * value) but for 4 rows at a time, twice at GQA 8. (At GQA 4 the same conversion with 4 rows per
+ * key was 1-2% slower than the fp32 path, and at GQA 6, a row pair of zeros in every block, equal:
+ * bench/NOTES.md, thirty-first pass.) NaN bytes as in the AVX-512 decode kernels (cpu_avx512.c,
+ * e4m3_fast): the call made again with the fix-up where its keys held one. Rows in groups of 8
+ * (any count works; the driver gives 7 or 8). */
+AI bool qke_src(bool fix, const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                float *s, int lds, const pa__cpu_pf *pf)
+{
+    const int ng = (nr + 7) / 8;
+    bool nan = false;
+    for (int r = 0; r < nr && !nan; r += 8) {
+        pa__cpu_pf part = pf_part(pf, r / 8, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 8 ? nr - r : 8) {
+        case 8: nan = qkp_rows(8, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 7: nan = qkp_rows(7, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 6: nan = qkp_rows(6, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 5: nan = qkp_rows(5, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: nan = qkp_rows(4, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        }
+    }
+    return nan;
+}
+
+static void a5b_qk_src_e4m3(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                            float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (qke_src(false, krows, nc, q16, nr, dp, scale * 256.0f, s, lds, pf))
+        qke_src(true, krows, nc, q16, nr, dp, scale * 256.0f, s, lds, NULL);
 }
 
 /* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
@@ -563,6 +637,7 @@ void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k)
 {
     k->name = "avx512bf16";
     k->qk_src_bf16 = a5b_qk_src_bf16;
+    k->qk_src_e4m3_bf16 = a5b_qk_src_e4m3;
     k->qk_t_bf16 = a5b_qk_t_bf16;
     k->pv_src_bf16 = a5b_pv_src_bf16;
     k->load_v_pairs = a5b_load_v_pairs;
