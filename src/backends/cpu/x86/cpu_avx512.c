@@ -110,8 +110,9 @@ static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, 
 /* The decode kernels convert E4M3 rows without the NaN fix-up (the fast tags PA__CPU_E4M3B and
  * PA__CPU_E4M3F, whose NaN bytes would become finite values) and test the bytes they convert on
  * the way: the running maximum of their low 7 bits, 0x7f where some byte is S.1111.111. A unit
- * of work that saw one is done again with the fix-up (PA__CPU_E4M3BN, PA_DTYPE_FP8_E4M3) before
- * anything of it is stored: a QK call's scores, a PV chunk's output dims. A separate scan of each
+ * of work that saw one is done again with the fix-up (PA__CPU_E4M3BN, PA_DTYPE_FP8_E4M3): a QK
+ * call, whose scores are written again (qkz_src_e4m3), a PV call's batch of rows, whose outputs
+ * are put back as they were first (pv_src_e4m3). A separate scan of each
  * call's rows before the kernel (pa__e4m3_rows_nan, as the AVX2 kernels do) took 17% of an E4M3
  * decode with the KV in L2 and 20% from DRAM even in 64-byte vectors (bench/NOTES.md,
  * thirty-first pass): it read every line once more, in a burst of loads with no arithmetic. */
