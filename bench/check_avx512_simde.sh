@@ -8,7 +8,8 @@
 # the reference as usual. Aligned loads and stores check their address here (the hardware faults
 # on a misaligned one, SIMDe would not): a misaligned one aborts with "alignment check failed".
 # Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes,
-# test_cpu_e4m3_nan_pv (the E4M3 decode PV called directly),
+# test_cpu_e4m3_nan_pv (the E4M3 decode PV called directly), test_cpu_e4m3_qk_bf16 (the
+# avx512bf16 QK over E4M3 keys called directly; the script reports AVX512-VBMI, so both forms),
 # test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
 # 30 cases).
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
@@ -31,6 +32,9 @@ cat > "$work/fake/immintrin.h" <<'H'
 typedef simde__mmask16 __mmask16;
 typedef simde__mmask32 __mmask32;
 typedef simde__mmask8 __mmask8;
+typedef simde__mmask64 __mmask64;
+static inline __m512i _mm512_maskz_loadu_epi8(__mmask64 k, const void *p) { uint8_t a[64] = {0}; __m512i r;
+  for (int i = 0; i < 64; i++) if ((k >> i) & 1) a[i] = ((const uint8_t *)p)[i]; memcpy(&r, a, 64); return r; }
 static inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void *p) { uint16_t a[32] = {0}; __m512i r;
   for (int i = 0; i < 32; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 2 * i, 2); memcpy(&r, a, 64); return r; }
 /* missing from SIMDe 0.7: */
@@ -109,14 +113,17 @@ static inline const void *pa_al(const void *p, unsigned a, const char *f) { if (
 #define _mm256_store_ps(p, x) simde_mm256_store_ps((void *)pa_al((p), 32, "_mm256_store_ps"), (x))
 H
 S=$root/src
-CF="-std=gnu11 -O2 -w -Wno-psabi -I$root/include -I$S -I$S/backends/cpu -DPAGEDATTN_HAVE_CPU -DPAGEDATTN_HAVE_AVX512 -DPAGEDATTN_BUILDING"
+CF="-std=gnu11 -O2 -w -Wno-psabi -I$root/include -I$S -I$S/backends/cpu -I$S/backends/cpu/x86 -DPAGEDATTN_HAVE_CPU -DPAGEDATTN_HAVE_AVX512 -DPAGEDATTN_BUILDING"
 # the backend with the AVX-512 path declared usable
 sed -e 's|    case PA__ISA_AVX512:|    case PA__ISA_AVX512: return true;|' \
     -e 's|    case PA__ISA_AVX512BF16:|    case PA__ISA_AVX512BF16: return true;|' \
     "$S/backends/cpu/cpu_backend.c" > "$work/cpu_backend_forced.c"
+# and AVX512-VBMI reported (the avx512bf16 path's E4M3 QK by byte tables)
+sed -e 's|f->avx512vbmi = (c >> 1) \& 1;|f->avx512vbmi = true;|' "$S/backends/cpu/x86/cpu_detect.c" > "$work/cpu_detect_vbmi.c"
+grep -q 'avx512vbmi = true' "$work/cpu_detect_vbmi.c" || { echo "FAIL: cpu_detect.c no longer matches the script's edit"; exit 1; }
 for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/backends/cpu/cpu_pool.c" \
          "$S/backends/cpu/cpu_plan.c" "$S/backends/cpu/cpu_attn.c" "$S/backends/cpu/cpu_kernels_generic.c" \
-         "$S/backends/cpu/x86/cpu_detect.c" "$work/cpu_backend_forced.c"; do
+         "$work/cpu_detect_vbmi.c" "$work/cpu_backend_forced.c"; do
   gcc $CF $SAN -c "$f" -o "$work/$(basename "$f" .c).o"
 done
 # st LOG CMD...: runs CMD with its output in LOG and prints its status (0 or 1), for jobs run in
@@ -144,8 +151,8 @@ int main(int argc, char **argv)
     const char *isa = getenv("PAGEDATTN_CPU_ISA"); /* the script sets it */
     if (argc > 1 || !isa || strcmp(isa, "avx512bf16") != 0)
         return grid_run_all(cpu, argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
-    /* avx512bf16 is avx512 with the dot products of bf16 queries by bf16 (or, at GQA 7-8,
-     * E4M3) keys and of the probabilities by bf16 values replaced
+    /* avx512bf16 is avx512 with the dot products of bf16 queries by bf16 (or E4M3) keys and
+     * of the probabilities by bf16 values replaced
      * (pa__cpu_kernels_init_avx512bf16): only the cases with bf16 keys and values, or bf16
      * queries over an E4M3 cache, run again here */
     int run = 0, failed = 0;
@@ -187,7 +194,7 @@ wait
 for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv"
+  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_e4m3_qk_bf16"
   for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"

@@ -820,6 +820,25 @@ static void build_cases(void)
     c.wl = 120, c.wr = 0;
     decode_only(&c, 309, 2);
     push(c, "gqa7");
+    /* E4M3 decodes with bf16 queries at 1 to 6 query rows per KV head, whose QK on the
+     * avx512bf16 path with AVX512-VBMI is bf16 dot products over keys converted by byte tables
+     * (1 to 4 rows: rows in order; 5 and 6: row pairs, the last pair half empty for 5), at head
+     * sizes whose last step is partial (48, 80, 112: 64-dim steps) and whole (128); NaN bytes
+     * in the cached K and V read for some, a window for one */
+    static const struct {
+        int32_t H, Hkv, D;
+        int layout, nonfinite, wl;
+    } e4q[] = {{8, 8, 80, LAYOUT_NHD, 0, 0},  {8, 4, 112, LAYOUT_HND, 1, 0}, {6, 2, 48, LAYOUT_HND, 0, 0},
+               {10, 2, 128, LAYOUT_NHD, 0, 70}, {12, 2, 80, LAYOUT_HND, 1, 0}, {16, 4, 128, LAYOUT_HND, 1, 0}};
+    for (size_t i = 0; i < sizeof e4q / sizeof e4q[0]; i++) {
+        c = base_case();
+        c.H = e4q[i].H, c.Hkv = e4q[i].Hkv, c.D = e4q[i].D, c.layout = e4q[i].layout;
+        c.cache = PA_DTYPE_FP8_E4M3, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        c.kscale = 0.75f, c.vscale = 1.25f, c.nonfinite = e4q[i].nonfinite;
+        if (e4q[i].wl) c.wl = e4q[i].wl, c.wr = 0;
+        decode_only(&c, 200 + 37 * (int32_t)i, 3);
+        push(c, "e4m3-bf16q");
+    }
 }
 
 int grid_count(void)

@@ -207,10 +207,16 @@ typedef struct pa__cpu_kernels {
                         float *s, int lds, const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_src_pairs or qk_src). Decode QK by bf16 dot products for bf16 queries
      * over E4M3 key rows (AVX512-BF16), as qk_src_bf16 (q16 as given): each key value converted
-     * exactly to bf16 in registers, a NaN byte giving a NaN score. dp a multiple of 32; any nr,
-     * but meant for 7 or 8 (GQA 7-8), where each conversion serves 8 rows' products. */
+     * exactly to bf16 in registers, a NaN byte giving a NaN score. dp a multiple of
+     * qk_e4m3_bf16_dims; any nr, but the driver calls it only from qk_e4m3_bf16_rows rows. */
     void (*qk_src_e4m3_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                              float *s, int lds, const struct pa__cpu_pf *pf);
+    /* Where qk_src_e4m3_bf16 pays: from this many query rows per KV head (up to 8, the direct
+     * decode rows over E4M3), and for head sizes that are multiples of e4m3_bf16_dims. The f16
+     * conversion (7, 32: GQA 7-8 only) or byte tables (AVX512-VBMI; 1, 16: any GQA, any head
+     * size the decode kernels take). */
+    int qk_e4m3_bf16_rows;
+    int qk_e4m3_bf16_dims;
     /* Optional (NULL: qk_src). qk_src for bf16 or E4M3 key rows with the query rows pair-split
      * (pa__cpu_pair_split: each pair_span dims stored as the even ones, then the odd ones; the
      * driver takes this kernel only where dp is a multiple of pair_span), so that one load of
@@ -348,7 +354,7 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
 void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12); /* rows12: pa__cpu_avx512_rows12 */
-void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k);
+void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi); /* vbmi: the CPU has AVX512-VBMI */
 #  endif
 #endif
 #if defined(__aarch64__) || defined(_M_ARM64)
@@ -361,6 +367,7 @@ void pa__cpu_kernels_init_neon(pa__cpu_kernels *k); /* arm/cpu_neon.c */
 typedef struct pa__cpu_features {
     bool avx2, fma, f16c, os_ymm;                       /* AVX2 path needs all four */
     bool avx512f, avx512bw, avx512vl, avx512bf16, os_zmm; /* AVX-512 path: f, bw, vl, os_zmm */
+    bool avx512vbmi; /* byte permutes: the avx512bf16 path's E4M3 decode QK by tables */
     bool neon;                                          /* NEON path (AArch64) */
     /* x86 vendor AMD (or Hygon): its FP units take subnormal FMA operands at full speed (Zen 3
      * measured, bench/NOTES.md twenty-first pass), where Intel's call microcode assists */

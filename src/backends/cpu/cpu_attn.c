@@ -322,12 +322,15 @@ static void run_item(void *arg, int64_t index, int thread)
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
         const bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
-        /* bf16 queries as given over E4M3 keys too, where a table has qk_src_e4m3_bf16, for 7 or 8
-         * rows per KV head (decode tiles: those rows are within the direct ones). One thread, 16 x
-         * 4096 from DRAM: GQA 8 16.3 -> 15.3 ms; GQA 6, whose fourth row pair is zeros, 13.8 both
-         * ways (bench/NOTES.md, thirty-first pass) */
+        /* bf16 queries as given over E4M3 keys too, where a table has qk_src_e4m3_bf16, for the
+         * rows per KV head and head sizes it is meant for (decode tiles: those rows are within the
+         * direct ones). One thread, 16 x 4096 from DRAM: with the f16 conversion at GQA 8 16.3 ->
+         * 15.3 ms (GQA 6 equal, GQA 4 slower: 7 rows and up); by byte tables (AVX512-VBMI) at
+         * GQA 4 7.7 -> 6.7 ms, GQA 8 14.2 -> 13.0 (bench/NOTES.md, thirty-first and thirty-second
+         * passes) */
         const bool q16e = !q16 && K->qk_src_e4m3_bf16 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
-                          ks[0].dtype == PA_DTYPE_FP8_E4M3 && d % 32 == 0 && nrk >= 7 && nrk <= 8;
+                          ks[0].dtype == PA_DTYPE_FP8_E4M3 && d % K->qk_e4m3_bf16_dims == 0 &&
+                          nrk >= K->qk_e4m3_bf16_rows && nrk <= 8;
         if (q16 || q16e)
             for (int r = 0; r < nr; r++) {
                 uint16_t *qr = sc->q16 + (size_t)r * dp;

@@ -111,8 +111,8 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
         pa__cpu_features f;
         pa__cpu_detect(&f);
         pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f));
+        if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k, f.avx512vbmi);
     }
-    if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k);
 #  endif
 #endif
 #ifdef PA__CPU_ARM64
@@ -149,11 +149,12 @@ static const char *cpu_info(void)
     snprintf(buf, sizeof buf,
              "isa: %s (%s)\n"
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
-             "avx512bf16=%d os-zmm=%d neon=%d\n"
+             "avx512bf16=%d avx512vbmi=%d os-zmm=%d neon=%d\n"
              "avx512 path: %s\n"
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
              "fp8 E4M3 decode: %s\n"
+             "fp8 E4M3 decode QK with bf16 queries: %s\n"
              "bf16 caches: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
@@ -164,7 +165,7 @@ static const char *cpu_info(void)
              : st == PA_STATUS_OK ? "forced by PAGEDATTN_CPU_ISA"
                                   : "PAGEDATTN_CPU_ISA asks for it, but it cannot run here: contexts fail",
              f.avx2, f.fma, f.f16c, f.os_ymm, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16,
-             f.os_zmm, f.neon,
+             f.avx512vbmi, f.os_zmm, f.neon,
 #ifdef PAGEDATTN_HAVE_AVX512
              pa__cpu_isa_usable(PA__ISA_AVX512, &f)
                  ? (pa__cpu_avx512_rows12(&f) ? "built, runs here (its tests passed natively on an Intel Xeon and a Zen 5 "
@@ -173,8 +174,10 @@ static const char *cpu_info(void)
                                                 "EPYC and under SIMDe); prefill blocks 8 rows x 32")
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
-                 ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 EPYC and "
-                   "under SIMDe)"
+                 ? (f.avx512vbmi ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
+                                   "EPYC and under SIMDe); E4M3 keys to bf16 by byte tables (AVX512-VBMI)"
+                                 : "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
+                                   "EPYC and under SIMDe); E4M3 keys to bf16 through f16 at GQA 7-8 (no AVX512-VBMI)")
                  : "built, cannot run on this CPU",
 #else
              "not built (compiler lacks the flags)",
@@ -186,6 +189,11 @@ static const char *cpu_info(void)
              "not built (not AArch64)",
 #endif
              fp8,
+             !kt.qk_src_e4m3_bf16         ? "as above (this ISA path has no bf16 dot products over E4M3 keys)"
+             : kt.qk_e4m3_bf16_rows <= 1 ? "vdpbf16ps over the keys converted exactly to bf16 by byte tables "
+                                           "(AVX512-VBMI), at every GQA"
+                                         : "vdpbf16ps over the keys converted exactly to bf16 through f16 at GQA 7-8 "
+                                           "(no AVX512-VBMI); as above elsewhere",
              kt.pv_bf16 ? "QK (bf16 queries) and PV by vdpbf16ps, the probabilities rounded to bf16; "
                           "PV over values below 2^-90, inf or NaN by fp32 FMAs"
                         : "fp32 FMAs, the probabilities kept in fp32",

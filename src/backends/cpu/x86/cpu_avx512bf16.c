@@ -1,8 +1,9 @@
 /* cpu_avx512bf16.c: AVX512-BF16 dot products (vdpbf16ps), compiled with their own flags and
  * chosen at run time only where CPUID says AVX512_BF16 on top of the AVX-512 path's checks
  * (PAGEDATTN_CPU_ISA=avx512bf16). On top of the AVX-512 table it adds QK for bf16 queries over
- * bf16 keys (decode straight from the cache, prefill over the transposed tile) and PV over bf16
- * values (decode straight from the cache, prefill over the tile as key pairs).
+ * bf16 keys (decode straight from the cache, prefill over the transposed tile) and over E4M3 keys
+ * (decode; converted exactly to bf16 in registers, by byte tables where the CPU has AVX512-VBMI),
+ * and PV over bf16 values (decode straight from the cache, prefill over the tile as key pairs).
  *
  * Numerics. QK: the queries are taken as given (bf16, unscaled) and the keys as stored, so every
  * product of two bf16 values is exact in fp32; vdpbf16ps adds them in fp32, and the layer's
@@ -245,7 +246,8 @@ static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q1
  * key was 1-2% slower than the fp32 path, and at GQA 6, a row pair of zeros in every block, equal:
  * bench/NOTES.md, thirty-first pass.) NaN bytes as in the AVX-512 decode kernels (cpu_avx512.c,
  * e4m3_fast): the call made again with the fix-up where its keys held one. Rows in groups of 8
- * (any count works; the driver gives 7 or 8). */
+ * (any count works; the driver gives 7 or 8). The table's entry on CPUs without AVX512-VBMI;
+ * with it, a5b_qk_src_e4m3_lut below. */
 AI bool qke_src(bool fix, const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                 float *s, int lds, const pa__cpu_pf *pf)
 {
@@ -261,7 +263,10 @@ AI bool qke_src(bool fix, const void *const *krows, int nc, const uint16_t *q16,
         case 7: nan = qkp_rows(7, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
         case 6: nan = qkp_rows(6, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
         case 5: nan = qkp_rows(5, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: nan = qkp_rows(4, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 4: nan = qkp_rows(4, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 3: nan = qkp_rows(3, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 2: nan = qkp_rows(2, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: nan = qkp_rows(1, true, fix, krows, nc, qr, dp, scale, sr, lds, pp); break;
         }
     }
     return nan;
@@ -272,6 +277,250 @@ static void a5b_qk_src_e4m3(const void *const *krows, int nc, const uint16_t *q1
 {
     if (qke_src(false, krows, nc, q16, nr, dp, scale * 256.0f, s, lds, pf))
         qke_src(true, krows, nc, q16, nr, dp, scale * 256.0f, s, lds, NULL);
+}
+
+/* ---- decode: QK for bf16 queries over E4M3 keys by byte tables (AVX512-VBMI) ----------------
+ * Where the CPU has AVX512-VBMI (Zen 4 and 5, Intel from Ice Lake; not Cooper Lake, whose
+ * avx512bf16 path keeps qke_src above) the E4M3 keys become bf16 by table lookups: two vpermi2b
+ * over 128-entry tables give each byte's bf16 high byte (the sign ORed in after) and low byte,
+ * exact for every code (4 significant bits; the subnormals normal in bf16, so vdpbf16ps keeps
+ * them; S.1111.111 a quiet NaN), and one vpermt2b per vector interleaves them into the words a
+ * vdpbf16ps operand needs: in order (1 to 4 rows, qkb_block's blocking), or a 16-dim piece in both
+ * halves (5 to 8 rows, qkp_block's row pairs, so the broadcast costs nothing more). 64 values
+ * take 5 operations (7 with the broadcasts), against ~20 for e4m3_bf16x32 with its NaN test;
+ * nothing to test or redo: a NaN byte gives a NaN product. The scores are those of the values
+ * themselves (no 2^-8). So it pays at every GQA: one thread, 16 x 4096 from DRAM, GQA 4 7.72 ->
+ * 6.74 ms against the fp32 path, GQA 8 14.19 -> 13.01 against qke_src (bench/NOTES.md,
+ * thirty-second pass). Only these functions are compiled for VBMI (the target attribute), the
+ * table entry set only where CPUID says it is there. */
+#ifdef PA_SIMDE
+#  define VBMI /* (bench/check_avx512_simde.sh: its intrinsics are plain C) */
+#else
+#  define VBMI __attribute__((target("avx512vbmi")))
+#endif
+
+/* bf16 of the E4M3 magnitude c (0..127): high bytes, then low bytes. Normal codes (exponent
+ * field e = c >> 3 in 1..15, mantissa m = c & 7): (e + 120) << 7 | m << 4; subnormal ones (e = 0):
+ * m 2^-9 as bf16; 0x7f (NaN): 0x7fc0. */
+static const uint8_t e4m3_bf16_tab[256] __attribute__((aligned(64))) = {
+    0x00, 0x3b, 0x3b, 0x3b, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c,
+    0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
+    0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e,
+    0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f,
+    0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40,
+    0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41,
+    0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42,
+    0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x7f,
+    0x00, 0x00, 0x80, 0xc0, 0x00, 0x20, 0x40, 0x60, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xf0,
+    0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
+};
+
+/* The tables in registers, and the interleaves: w[i] words (in order) 32 i .. 32 i + 31 of the 64
+ * values (i < 2); b[i]: words 16 i .. 16 i + 15 in both halves (i < 4). Index bit 6 picks the
+ * second operand (the high bytes). */
+typedef struct {
+    __m512i hi0, hi1, lo0, lo1, w[2], b[4];
+} e4lut;
+
+AI VBMI e4lut e4lut_init(bool bcast)
+{
+    e4lut t;
+    t.hi0 = _mm512_load_si512(e4m3_bf16_tab);
+    t.hi1 = _mm512_load_si512(e4m3_bf16_tab + 64);
+    t.lo0 = _mm512_load_si512(e4m3_bf16_tab + 128);
+    t.lo1 = _mm512_load_si512(e4m3_bf16_tab + 192);
+    /* byte b of an interleave: the low byte of value v (index v) for even b, its high byte
+     * (index 64 + v) for odd b; v = b / 2 + 32 i in order, (b / 2) % 16 + 16 i broadcast */
+    const __m512i b = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44,
+                                      43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
+                                      23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                      1, 0);
+    const __m512i half = _mm512_and_si512(_mm512_srli_epi16(b, 1), _mm512_set1_epi8(0x7f));
+    const __m512i odd = _mm512_and_si512(_mm512_slli_epi16(b, 6), _mm512_set1_epi8(0x40));
+    const __m512i piece = _mm512_and_si512(half, _mm512_set1_epi8(15));
+    for (int i = 0; i < 4; i++) {
+        if (i < 2) t.w[i] = _mm512_setzero_si512();
+        t.b[i] = _mm512_setzero_si512();
+        if (i < 2 && !bcast) t.w[i] = _mm512_or_si512(_mm512_add_epi8(half, _mm512_set1_epi8((char)(32 * i))), odd);
+        if (bcast) t.b[i] = _mm512_or_si512(_mm512_add_epi8(piece, _mm512_set1_epi8((char)(16 * i))), odd);
+    }
+    return t;
+}
+
+/* the high and low bytes of the bf16 words of the 64 E4M3 values in x */
+AI VBMI void e4lut_bytes(const e4lut *t, __m512i x, __m512i *hi, __m512i *lo)
+{
+    *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, x, t->hi1), x, _mm512_set1_epi8((char)0x80),
+                                    0xf8); /* a | (b & c) */
+    *lo = _mm512_permutex2var_epi8(t->lo0, x, t->lo1);
+}
+
+/* n (1..64) E4M3 bytes at p, zeros after them (code 0: value 0) */
+AI __m512i ld_e4(const void *p, int n)
+{
+    return n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
+}
+
+/* n (1..32) bf16 values at p, zeros after them */
+AI __m512bh ld_bh(const void *p, int n)
+{
+    return as_bh(n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p));
+}
+
+/* One step of qkl_block: m (16, 32, 48 or 64) dims from j into a */
+AI VBMI void qkl_step(int R, int KB, int m, const e4lut *t, const void *const *krows, int c0, const uint16_t *q, int dp,
+                 int j, __m512 *a)
+{
+    for (int u = 0; u < KB; u++) {
+        __m512i hi, lo;
+        e4lut_bytes(t, ld_e4((const char *)krows[c0 + u] + j, m), &hi, &lo);
+        const __m512bh x0 = as_bh(_mm512_permutex2var_epi8(lo, t->w[0], hi));
+        for (int h = 0; h < R; h++)
+            a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], ld_bh(q + (size_t)h * dp + j, m < 32 ? m : 32), x0);
+        if (m > 32) {
+            const __m512bh x1 = as_bh(_mm512_permutex2var_epi8(lo, t->w[1], hi));
+            for (int h = 0; h < R; h++)
+                a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], ld_bh(q + (size_t)h * dp + j + 32, m - 32), x1);
+        }
+    }
+}
+
+/* S[h][c0 .. c0 + KB) for R (1..4) rows as qkb_block, the keys from E4M3 by the tables, 64
+ * dims a step */
+AI VBMI void qkl_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const uint16_t *q, int dp,
+                  float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
+{
+    __m512 a[16];
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 64 <= dp; j += 64) {
+        qkl_step(R, KB, 64, t, krows, c0, q, dp, j, a);
+        pfc_step(pc, per);
+    }
+    switch (dp - j) {
+    case 48: qkl_step(R, KB, 48, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
+    case 32: qkl_step(R, KB, 32, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
+    case 16: qkl_step(R, KB, 16, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
+    default: break;
+    }
+    store_scores(R, KB, a, scale, s, lds, c0);
+}
+
+AI VBMI void qkl_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
+                 int lds, const pa__cpu_pf *pf)
+{
+    const e4lut t = e4lut_init(false);
+    const int KB = qk_keys_per_block(R);
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int per = pfc_per(pf, nc / KB * ((dp + 63) / 64));
+    int c = 0;
+    for (; c + KB <= nc; c += KB) qkl_block(R, KB, &t, krows, c, q, dp, scale, s, lds, &pc, per);
+    for (; c < nc; c++) qkl_block(R, 1, &t, krows, c, q, dp, scale, s, lds, &pc, 0);
+    pfc_step(&pc, -1);
+}
+
+/* One step of qklp_block: np (1..4) 16-dim pieces from piece t0 into a */
+AI VBMI void qklp_step(int R, int KB, int np, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
+                  int t0, __m512 *a)
+{
+    for (int u = 0; u < KB; u++) {
+        __m512i hi, lo;
+        e4lut_bytes(t, ld_e4((const char *)krows[c0 + u] + 16 * (size_t)t0, 16 * np), &hi, &lo);
+        for (int i = 0; i < np; i++) {
+            const __m512bh k = as_bh(_mm512_permutex2var_epi8(lo, t->b[i], hi));
+            for (int p = 0; 2 * p < R; p++) a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t0 + i]), k);
+        }
+    }
+}
+
+/* S[h][c0 .. c0 + KB) for rows h < R (5..8) as qkp_block, the keys from E4M3 by the tables, 64
+ * dims a step, each 16-dim piece broadcast to both halves by its interleave */
+AI VBMI void qklp_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
+                   float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
+{
+    __m512 a[16]; /* a[4 p + u]: row pair p, key u */
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    int t0 = 0;
+    for (; t0 + 4 <= nt; t0 += 4) {
+        qklp_step(R, KB, 4, t, krows, c0, qp, nt, t0, a);
+        pfc_step(pc, per);
+    }
+    switch (nt - t0) {
+    case 3: qklp_step(R, KB, 3, t, krows, c0, qp, nt, t0, a); pfc_step(pc, per); break;
+    case 2: qklp_step(R, KB, 2, t, krows, c0, qp, nt, t0, a); pfc_step(pc, per); break;
+    case 1: qklp_step(R, KB, 1, t, krows, c0, qp, nt, t0, a); pfc_step(pc, per); break;
+    default: break;
+    }
+    __m512 w[4];
+    for (int p = 0; p < 4; p++) {
+        __m512 y[4];
+        for (int u = 0; u < 4; u++) y[u] = u < KB ? a[4 * p + u] : _mm512_setzero_ps();
+        w[p] = sum4_blocks(y);
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int g = 0; g < 2; g++) {
+        const __m512 v = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], 0x88),
+                                                     _mm512_shuffle_f32x4(w[2 * g], w[2 * g + 1], 0xdd)), sc);
+        for (int h = 0; h < 4 && 4 * g + h < R; h++) store_block(v, h, s + (size_t)(4 * g + h) * lds + c0, KB);
+    }
+}
+
+AI VBMI void qklp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
+                  int lds, const pa__cpu_pf *pf)
+{
+    const e4lut t = e4lut_init(true);
+    __m512i qp[4 * 512 / 16];
+    pair_queries(R, q, dp, qp);
+    const int nt = dp / 16;
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int per = pfc_per(pf, (nc + 3) / 4 * ((nt + 3) / 4));
+    int c = 0;
+    for (; c + 4 <= nc; c += 4) qklp_block(R, 4, &t, krows, c, qp, nt, scale, s, lds, &pc, per);
+    switch (nc - c) {
+    case 3: qklp_block(R, 3, &t, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    case 2: qklp_block(R, 2, &t, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    case 1: qklp_block(R, 1, &t, krows, c, qp, nt, scale, s, lds, &pc, per); break;
+    default: break;
+    }
+    pfc_step(&pc, -1);
+}
+
+/* Any number of rows: groups of 8 by row pairs (5 to 8 rows), what is left (1 to 4) by qkl_rows */
+static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                                float *s, int lds, const pa__cpu_pf *pf)
+{
+    const int ng = (nr + 3) / 4;
+    int r = 0;
+    for (; nr - r > 4; r += 8) {
+        pa__cpu_pf part = pf_range(pf, r / 4, r / 4 + 2 < ng ? r / 4 + 2 : ng, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 8 ? nr - r : 8) {
+        case 8: qklp_rows(8, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 7: qklp_rows(7, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 6: qklp_rows(6, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qklp_rows(5, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        }
+    }
+    for (; r < nr; r += 4) {
+        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+        const pa__cpu_pf *pp = pf ? &part : NULL;
+        const uint16_t *qr = q16 + (size_t)r * dp;
+        float *sr = s + (size_t)r * lds;
+        switch (nr - r < 4 ? nr - r : 4) {
+        case 4: qkl_rows(4, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 3: qkl_rows(3, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 2: qkl_rows(2, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qkl_rows(1, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        }
+    }
 }
 
 /* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
@@ -633,11 +882,13 @@ static void a5b_pv_bf16(const float *p, int ldp, int nr, const uint32_t *vt2, in
     }
 }
 
-void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k)
+void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi)
 {
     k->name = "avx512bf16";
     k->qk_src_bf16 = a5b_qk_src_bf16;
-    k->qk_src_e4m3_bf16 = a5b_qk_src_e4m3;
+    k->qk_src_e4m3_bf16 = vbmi ? a5b_qk_src_e4m3_lut : a5b_qk_src_e4m3;
+    k->qk_e4m3_bf16_rows = vbmi ? 1 : 7;
+    k->qk_e4m3_bf16_dims = vbmi ? 16 : 32;
     k->qk_t_bf16 = a5b_qk_t_bf16;
     k->pv_src_bf16 = a5b_pv_src_bf16;
     k->load_v_pairs = a5b_load_v_pairs;

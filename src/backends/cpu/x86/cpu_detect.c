@@ -38,6 +38,7 @@ void pa__cpu_detect(pa__cpu_features *f)
     f->avx512f = (b >> 16) & 1;
     f->avx512bw = (b >> 30) & 1;
     f->avx512vl = (b >> 31) & 1;
+    f->avx512vbmi = (c >> 1) & 1;
     if (max_sub >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f->avx512bf16 = (a >> 5) & 1;
