@@ -1,10 +1,11 @@
 /* test_cpu_e4m3_nan_pv.c: the AVX-512 decode PV over E4M3 value rows holding NaN bytes
- * (S.1111.111), called directly. Those kernels convert the rows without the NaN fix-up, test the
- * bytes as they go, and where a call's rows held a NaN among the keys they multiply in, put the
- * outputs back as they were and do the call again with the fix-up, in batches of at most 4096
- * outputs kept aside (cpu_avx512.c, pv_src_e4m3). The decode driver gives them at most 8 rows,
- * so its calls always fit one batch; the kernels' contract takes any row count, and this test
- * gives them up to 40 rows of up to 512 dims (several batches) as well as the driver's shapes,
+ * (S.1111.111), called directly. Those kernels convert the rows without the NaN fix-up, keep per
+ * dim the bytes' low 7 bits' maxima as they go, and set to NaN, as they store them, the outputs
+ * of the dims where a key they multiplied in held a NaN (cpu_avx512.c, pvz_chunk; until the
+ * thirty-second pass they put the outputs back and did the call again with the fix-up, in
+ * batches of at most 4096 outputs). The decode driver gives them at most 8 rows; the kernels'
+ * contract takes any row count, and this test gives them up to 40 rows of up to 512 dims (every
+ * chunk width of the kernels: 16 to 128 dims) as well as the driver's shapes,
  * with both E4M3 forms (bf16 words, PA__CPU_E4M3B, and f16, PA_DTYPE_FP8_E4M3), alpha given or
  * not, and a column mask whose hidden columns hold NaN bytes (never multiplied in). Each output
  * is held to a double-precision sum: NaN exactly where a listed key's value in that dim is NaN,

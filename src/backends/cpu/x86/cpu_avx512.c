@@ -109,10 +109,14 @@ static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, 
 
 /* The decode kernels convert E4M3 rows without the NaN fix-up (the fast tags PA__CPU_E4M3B and
  * PA__CPU_E4M3F, whose NaN bytes would become finite values) and test the bytes they convert on
- * the way: the running maximum of their low 7 bits, 0x7f where some byte is S.1111.111. A unit
- * of work that saw one is done again with the fix-up (PA__CPU_E4M3BN, PA_DTYPE_FP8_E4M3): a QK
- * call, whose scores are written again (qkz_src_e4m3), a PV call's batch of rows, whose outputs
- * are put back as they were first (pv_src_e4m3). A separate scan of each
+ * the way: the running maximum of their low 7 bits, 0x7f where some byte is S.1111.111. A QK
+ * call that saw one is done again with the fix-up (PA__CPU_E4M3BN, PA_DTYPE_FP8_E4M3), its
+ * scores written again (qkz_src_e4m3). PV keeps the maxima per dim (a lane per byte) and sets
+ * the outputs of the dims where one was a NaN to NaN as it stores them (pvz_chunk): a NaN byte
+ * taken as a finite value feeds only its own dim's sums, and with the fix-up each of those
+ * would be NaN (p times NaN is NaN, whatever p), so every output is what the fix-up gives,
+ * without the outputs kept aside and the work redone that this took until the thirty-second
+ * pass (bench/NOTES.md). A separate scan of each
  * call's rows before the kernel (pa__e4m3_rows_nan, as the AVX2 kernels do) took 17% of an E4M3
  * decode with the KV in L2 and 20% from DRAM even in 64-byte vectors (bench/NOTES.md,
  * thirty-first pass): it read every line once more, in a burst of loads with no arithmetic. */
@@ -313,11 +317,12 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
  * once per call) and adds them to alpha * O. llvm-mca 19 on the compiled 4-row loops (gcc 12
  * -O3), cycles per FMA: Skylake-X 0.84 -> 0.73-0.77, Ice Lake server 1.42 -> 1.25-1.27, Zen 4
  * 1.30 -> 1.25 (not timed on hardware: no AVX-512 machine here). */
-AI bool pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                   const float *p, int ldp, int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
     const bool scan = e4m3_fast(dt) && !vd; /* (E4M3 comes as cache rows only) */
-    __m512i nan = _mm512_setzero_si512();
+    /* per dim of the chunk (16 NV <= 128 bytes, a lane each): the maxima of the bytes' low 7 bits */
+    __m512i nan[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
     const size_t es = esize(dt);
     const int NS = dt == PA_DTYPE_BF16 && !vd ? NV / 2 * 2 : 0; /* vectors that come pair-split */
     const float in = pa__cpu_is_e4m3(dt) ? 1.0f / 256.0f : 1.0f; /* E4M3 V comes 2^-8 times (cvt16r) */
@@ -342,17 +347,28 @@ AI bool pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             x[u + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, odd));
         }
         for (int u = NS; u < NV; u++) x[u] = cvt16r(dt, vp + (size_t)16 * u * es);
-        if (scan) nan = nan_acc(nan, vp, 16 * NV);
+        if (scan)
+            for (int h = 0; 64 * h < 16 * NV; h++) {
+                const int n = 16 * NV - 64 * h < 64 ? 16 * NV - 64 * h : 64;
+                const __m512i b = n == 64 ? _mm512_loadu_si512(vp + 64 * h)
+                                          : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, vp + 64 * h);
+                nan[h] = _mm512_max_epu8(nan[h], _mm512_and_si512(b, _mm512_set1_epi8(0x7f)));
+            }
         pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
             for (int u = 0; u < NV; u++) acc[h * NV + u] = _mm512_fmadd_ps(w, x[u], acc[h * NV + u]);
         }
     }
+    __mmask64 bad[2] = {0, 0}; /* dims where a NaN byte was multiplied in */
+    if (scan)
+        for (int h = 0; 64 * h < 16 * NV; h++) bad[h] = _mm512_cmpeq_epi8_mask(nan[h], _mm512_set1_epi8(0x7f));
     for (int h = 0; h < R; h++)
         for (int u = NS; u < NV; u++) {
-            const __m512 r = acc[h * NV + u];
-            _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, in != 1.0f ? _mm512_mul_ps(r, _mm512_set1_ps(256.0f)) : r);
+            __m512 r = acc[h * NV + u];
+            if (in != 1.0f) r = _mm512_mul_ps(r, _mm512_set1_ps(256.0f));
+            if (scan) r = _mm512_mask_mov_ps(r, (__mmask16)(bad[u / 4] >> (16 * (u % 4))), _mm512_set1_ps(NAN));
+            _mm512_store_ps(o + (size_t)h * dp + j + 16 * u, r);
         }
     /* even dims e, odd dims o of 32 -> dims 0-15 and 16-31 */
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -366,7 +382,6 @@ AI bool pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
             _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, d0));
             _mm512_store_ps(oh + 16, _mm512_fmadd_ps(_mm512_load_ps(oh + 16), al, d1));
         }
-    return scan && nan_seen(nan);
 }
 
 /* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8), except over
@@ -374,16 +389,14 @@ AI bool pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
  * pairs). Against 3 and 6, cache-resident decode 16 x 4096: GQA 4 E4M3 9.51 -> 9.10 ms, its f16
  * forms 10.57 -> 10.00, f32 9.50 -> 8.54; GQA 2 E4M3 6.89 -> 6.30, f16 5.20 -> 4.81; from DRAM
  * E4M3 10.56 -> 10.35 (GQA 4), 8.42 -> 8.04 (GQA 2); bench/NOTES.md, twenty-ninth pass. The last
- * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. Returns
- * whether a fast E4M3 tag's rows held a NaN byte among those multiplied (pvz_chunk). */
-AI bool pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+ * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. */
+AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     /* (vr: cache rows, bf16 ones pair-split in pvz_chunk; vd: a dense tile) */
     const int NVM = vr && (R == 2 || R == 4) ? 16 / R : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
-    bool nan = false;
     int j = 0;
     while (j < dp) {
         int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
@@ -392,7 +405,7 @@ AI bool pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
         switch (w) {
 #define PVZ_CASE(n)                                                                                  \
     case n:                                                                                          \
-        if (n <= NVM) nan |= pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
+        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
         break;
             PVZ_CASE(8)
             PVZ_CASE(7)
@@ -402,12 +415,11 @@ AI bool pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
             PVZ_CASE(3)
             PVZ_CASE(2)
 #undef PVZ_CASE
-        default: nan |= pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
+        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
         }
         j += 16 * w;
     }
     pfc_step(&pc, -1);
-    return nan;
 }
 
 /* Rows in groups of G (4 for decode; for prefill tiles 12, one 16-dim vector per row, so each
@@ -415,15 +427,12 @@ AI bool pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
  * two vectors per row), the rest
  * in groups of at most 6, over
  * keys in runs of up to 64 (the driver's tiles are one run; alpha applies with the first);
- * masked keys are left out of the run's list (never multiplied in: their V may be NaN). Returns
- * whether a fast E4M3 tag's rows held a NaN byte among those multiplied in (o is then wrong in
- * the dims it sits in, and the caller makes it again: pv_src_e4m3). */
-AI bool pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
+ * masked keys are left out of the run's list (never multiplied in: their V may be NaN). */
+AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int nc, const float *p, int ldp,
                 int nr, int dp, const float *alpha, const unsigned char *colmask, float *o,
                 const pa__cpu_pf *pf)
 {
     int idx[64];
-    bool nan = false;
     for (int c0 = 0; c0 == 0 || c0 < nc; c0 += 64) {
         int n = nc - c0 < 64 ? nc - c0 : 64, nv = n;
         const int *ip = NULL;
@@ -444,18 +453,17 @@ AI bool pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
             const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
             float *orow = o + (size_t)r * dp;
             switch (take) {
-            case 12: nan |= pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 8: nan |= pvz_rows(8, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 6: nan |= pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 5: nan |= pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 4: nan |= pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 3: nan |= pvz_rows(3, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            case 2: nan |= pvz_rows(2, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
-            default: nan |= pvz_rows(1, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 12: pvz_rows(12, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 8: pvz_rows(8, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 6: pvz_rows(6, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 5: pvz_rows(5, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 4: pvz_rows(4, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 3: pvz_rows(3, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            case 2: pvz_rows(2, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
+            default: pvz_rows(1, dt, vrc, vdc, ip, nv, pr, ldp, dp, ar, orow, pp); break;
             }
         }
     }
-    return nan;
 }
 
 /* E4M3 V rows (PA__CPU_E4M3B or PA_DTYPE_FP8_E4M3, as a5_pv_src takes them). Rows of 8 or more
@@ -463,36 +471,19 @@ AI bool pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
  * instead of twice (16 x 4096, GQA 8, one thread, from DRAM: 17.63 -> 16.72 ms, the f16 forms
  * 20.71 -> 17.41; f16 rows, whose conversion is one instruction, were 1-3% slower so and keep
  * groups of 4). Its own function: inlined into a5_pv_src, the groups of 8 cost the f16 case 4%
- * (bench/NOTES.md, twenty-ninth pass). The rows go without the NaN fix-up, in batches of at most
- * PV_SAVE floats of output whose values before the call are kept: a batch whose V rows held a NaN
- * byte gets them back and is made again with the fix-up. */
-#define PV_SAVE 4096
+ * (bench/NOTES.md, twenty-ninth pass). The rows go without the NaN fix-up, their NaN bytes
+ * marked per dim (pvz_chunk). */
 static __attribute__((noinline)) void pv_src_e4m3(bool words, const void *const *vrows, int nc, const float *p,
                                                   int ldp, int nr, int dp, const float *alpha,
                                                   const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
 {
-    const int g = nr >= 8 ? 8 : 4;
     float ps[16 * CPU_KT] __attribute__((aligned(64)));
-    float o0[PV_SAVE] __attribute__((aligned(64)));
     words = words && nr <= 16 && nc <= CPU_KT;
-    const pa_dtype dt = words ? PA__CPU_E4M3B : PA__CPU_E4M3F;
     if (words) { /* (V as words 2^-120 times the value, so the probabilities 2^120 times theirs) */
         pa__cpu_probs_up(p, ldp, nr, nc, ps);
         p = ps, ldp = CPU_KT;
     }
-    /* rows per batch: all, or a multiple of g (dp <= 512, so at least 8) */
-    const int batch = nr * dp <= PV_SAVE ? nr : PV_SAVE / dp / g * g;
-    for (int r0 = 0; r0 < nr; r0 += batch) {
-        const int n = nr - r0 < batch ? nr - r0 : batch;
-        pa__cpu_pf part = pf_range(pf, r0, r0 + n, nr);
-        const float *pr = p + (size_t)r0 * ldp, *ar = alpha ? alpha + r0 : NULL;
-        float *orow = o + (size_t)r0 * dp;
-        memcpy(o0, orow, (size_t)n * dp * sizeof(float));
-        if (pvz_all(g, dt, vrows, NULL, nc, pr, ldp, n, dp, ar, colmask, orow, pf ? &part : NULL)) {
-            memcpy(orow, o0, (size_t)n * dp * sizeof(float));
-            pvz_all(g, e4m3_fixed(dt), vrows, NULL, nc, pr, ldp, n, dp, ar, colmask, orow, NULL);
-        }
-    }
+    pvz_all(nr >= 8 ? 8 : 4, words ? PA__CPU_E4M3B : PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
 static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
