@@ -284,15 +284,18 @@ static void a5b_qk_src_e4m3(const void *const *krows, int nc, const uint16_t *q1
  * avx512bf16 path keeps qke_src above) the E4M3 keys become bf16 by table lookups: two vpermi2b
  * over 128-entry tables give each byte's bf16 high byte (the sign ORed in after) and low byte,
  * exact for every code (4 significant bits; the subnormals normal in bf16, so vdpbf16ps keeps
- * them; S.1111.111 a quiet NaN), and one vpermt2b per vector interleaves them into the words a
- * vdpbf16ps operand needs: in order (1 to 4 rows, qkb_block's blocking), or a 16-dim piece in both
- * halves (5 to 8 rows, qkp_block's row pairs, so the broadcast costs nothing more). 64 values
- * take 5 operations (7 with the broadcasts), against ~20 for e4m3_bf16x32 with its NaN test;
- * nothing to test or redo: a NaN byte gives a NaN product. The scores are those of the values
- * themselves (no 2^-8). So it pays at every GQA: one thread, 16 x 4096 from DRAM, GQA 4 7.72 ->
- * 6.74 ms against the fp32 path, GQA 8 14.19 -> 13.01 against qke_src (bench/NOTES.md,
- * thirty-second pass). Only these functions are compiled for VBMI (the target attribute), the
- * table entry set only where CPUID says it is there. */
+ * them; S.1111.111 a quiet NaN), then the two are interleaved into the words a vdpbf16ps operand
+ * needs: for 1 to 4 rows (qkb_block's blocking) by the two byte unpacks, which leave each
+ * 128-bit block's first 8 values in one vector and its last 8 in the other, the query rows
+ * permuted alike once per call (a vpermt2b for each vector in order was 4-11% slower over the
+ * whole step); for 5 to 8 rows (qkp_block's row pairs) by one vpermt2b per 16-dim piece, which
+ * puts it in both halves at no extra cost. 64 values take 5 operations (7 with the broadcasts),
+ * against ~20 for e4m3_bf16x32 with its NaN test; nothing to test or redo: a NaN byte gives a
+ * NaN product. The scores are those of the values themselves (no 2^-8). So it pays at every
+ * GQA: one thread, 16 x 4096 from DRAM, GQA 4 7.72 -> 6.74 ms against the fp32 path (with the
+ * unpacks: 6.4), GQA 8 14.19 -> 13.01 against qke_src (bench/NOTES.md, thirty-second pass).
+ * Only these functions are compiled for VBMI (the target attribute), the table entry set only
+ * where CPUID says it is there. */
 #ifdef PA_SIMDE
 #  define VBMI /* (bench/check_avx512_simde.sh: its intrinsics are plain C) */
 #else
@@ -321,11 +324,10 @@ static const uint8_t e4m3_bf16_tab[256] __attribute__((aligned(64))) = {
     0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
 };
 
-/* The tables in registers, and the interleaves: w[i] words (in order) 32 i .. 32 i + 31 of the 64
- * values (i < 2); b[i]: words 16 i .. 16 i + 15 in both halves (i < 4). Index bit 6 picks the
- * second operand (the high bytes). */
+/* The tables in registers, and the interleaves of the row pairs: b[i] words 16 i .. 16 i + 15 of
+ * the 64 values in both halves (i < 4; index bit 6 picks the second operand, the high bytes). */
 typedef struct {
-    __m512i hi0, hi1, lo0, lo1, w[2], b[4];
+    __m512i hi0, hi1, lo0, lo1, b[4];
 } e4lut;
 
 AI VBMI e4lut e4lut_init(bool bcast)
@@ -335,21 +337,17 @@ AI VBMI e4lut e4lut_init(bool bcast)
     t.hi1 = _mm512_load_si512(e4m3_bf16_tab + 64);
     t.lo0 = _mm512_load_si512(e4m3_bf16_tab + 128);
     t.lo1 = _mm512_load_si512(e4m3_bf16_tab + 192);
-    /* byte b of an interleave: the low byte of value v (index v) for even b, its high byte
-     * (index 64 + v) for odd b; v = b / 2 + 32 i in order, (b / 2) % 16 + 16 i broadcast */
+    /* byte b of b[i]: the low byte of value v = (b / 2) % 16 + 16 i (index v) for even b, its
+     * high byte (index 64 + v) for odd b */
     const __m512i b = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44,
                                       43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24,
                                       23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
                                       1, 0);
-    const __m512i half = _mm512_and_si512(_mm512_srli_epi16(b, 1), _mm512_set1_epi8(0x7f));
+    const __m512i piece = _mm512_and_si512(_mm512_srli_epi16(b, 1), _mm512_set1_epi8(15));
     const __m512i odd = _mm512_and_si512(_mm512_slli_epi16(b, 6), _mm512_set1_epi8(0x40));
-    const __m512i piece = _mm512_and_si512(half, _mm512_set1_epi8(15));
-    for (int i = 0; i < 4; i++) {
-        if (i < 2) t.w[i] = _mm512_setzero_si512();
-        t.b[i] = _mm512_setzero_si512();
-        if (i < 2 && !bcast) t.w[i] = _mm512_or_si512(_mm512_add_epi8(half, _mm512_set1_epi8((char)(32 * i))), odd);
-        if (bcast) t.b[i] = _mm512_or_si512(_mm512_add_epi8(piece, _mm512_set1_epi8((char)(16 * i))), odd);
-    }
+    for (int i = 0; i < 4; i++)
+        t.b[i] = bcast ? _mm512_or_si512(_mm512_add_epi8(piece, _mm512_set1_epi8((char)(16 * i))), odd)
+                       : _mm512_setzero_si512();
     return t;
 }
 
@@ -367,61 +365,79 @@ AI __m512i ld_e4(const void *p, int n)
     return n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
 }
 
-/* n (1..32) bf16 values at p, zeros after them */
-AI __m512bh ld_bh(const void *p, int n)
+/* n (1..32) 16-bit words at p, zeros after them */
+AI __m512i ld_w(const void *p, int n)
 {
-    return as_bh(n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p));
+    return n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p);
 }
 
 /* One step of qkl_block: m (16, 32, 48 or 64) dims from j into a */
-AI VBMI void qkl_step(int R, int KB, int m, const e4lut *t, const void *const *krows, int c0, const uint16_t *q, int dp,
-                 int j, __m512 *a)
+/* One step of qkl_block: m (16, 32, 48 or 64) dims into a. The key's words come as the byte
+ * unpacks leave them (per 128-bit block: its first 8 values' words in x0, its last 8 in x1), so
+ * the query rows come permuted alike (qu: qkl_rows) */
+AI VBMI void qkl_step(int R, int KB, int m, const e4lut *t, const void *const *krows, int c0, const __m512i *qu, int j,
+                      __m512 *a)
 {
     for (int u = 0; u < KB; u++) {
         __m512i hi, lo;
         e4lut_bytes(t, ld_e4((const char *)krows[c0 + u] + j, m), &hi, &lo);
-        const __m512bh x0 = as_bh(_mm512_permutex2var_epi8(lo, t->w[0], hi));
-        for (int h = 0; h < R; h++)
-            a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], ld_bh(q + (size_t)h * dp + j, m < 32 ? m : 32), x0);
-        if (m > 32) {
-            const __m512bh x1 = as_bh(_mm512_permutex2var_epi8(lo, t->w[1], hi));
-            for (int h = 0; h < R; h++)
-                a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], ld_bh(q + (size_t)h * dp + j + 32, m - 32), x1);
+        const __m512bh x0 = as_bh(_mm512_unpacklo_epi8(lo, hi)), x1 = as_bh(_mm512_unpackhi_epi8(lo, hi));
+        for (int h = 0; h < R; h++) {
+            a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], as_bh(qu[2 * h]), x0);
+            a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], as_bh(qu[2 * h + 1]), x1);
         }
     }
 }
 
 /* S[h][c0 .. c0 + KB) for R (1..4) rows as qkb_block, the keys from E4M3 by the tables, 64
- * dims a step */
-AI VBMI void qkl_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const uint16_t *q, int dp,
-                  float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
+ * dims a step; qu[(s * 4 + h) * 2 + i]: row h's permuted query words of step s */
+AI VBMI void qkl_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const __m512i *qu, int dp,
+                       float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
     int j = 0;
     for (; j + 64 <= dp; j += 64) {
-        qkl_step(R, KB, 64, t, krows, c0, q, dp, j, a);
+        qkl_step(R, KB, 64, t, krows, c0, qu + j / 64 * 8, j, a);
         pfc_step(pc, per);
     }
     switch (dp - j) {
-    case 48: qkl_step(R, KB, 48, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
-    case 32: qkl_step(R, KB, 32, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
-    case 16: qkl_step(R, KB, 16, t, krows, c0, q, dp, j, a); pfc_step(pc, per); break;
+    case 48: qkl_step(R, KB, 48, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
+    case 32: qkl_step(R, KB, 32, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
+    case 16: qkl_step(R, KB, 16, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
     default: break;
     }
     store_scores(R, KB, a, scale, s, lds, c0);
 }
 
 AI VBMI void qkl_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
-                 int lds, const pa__cpu_pf *pf)
+                      int lds, const pa__cpu_pf *pf)
 {
     const e4lut t = e4lut_init(false);
+    /* the query rows in the unpacks' order: words i of blocks of 8 in 16 (x0: first 8) */
+    __m512i qu[512 / 64 * 8];
+    const __m512i ia = _mm512_set_epi16(55, 54, 53, 52, 51, 50, 49, 48, 39, 38, 37, 36, 35, 34, 33, 32, 23, 22, 21, 20,
+                                        19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i ib = _mm512_add_epi16(ia, _mm512_set1_epi16(8));
+    for (int j = 0; j < dp; j += 64)
+        for (int h = 0; h < 4; h++) {
+            __m512i qa = _mm512_setzero_si512(), qb = _mm512_setzero_si512();
+            if (h < R) {
+                const uint16_t *qh = q + (size_t)h * dp + j;
+                const int m = dp - j < 64 ? dp - j : 64;
+                const __m512i q0 = ld_w(qh, m < 32 ? m : 32), q1 = m > 32 ? ld_w(qh + 32, m - 32) : _mm512_setzero_si512();
+                qa = _mm512_permutex2var_epi16(q0, ia, q1);
+                qb = _mm512_permutex2var_epi16(q0, ib, q1);
+            }
+            qu[(j / 64 * 4 + h) * 2] = qa;
+            qu[(j / 64 * 4 + h) * 2 + 1] = qb;
+        }
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, nc / KB * ((dp + 63) / 64));
     int c = 0;
-    for (; c + KB <= nc; c += KB) qkl_block(R, KB, &t, krows, c, q, dp, scale, s, lds, &pc, per);
-    for (; c < nc; c++) qkl_block(R, 1, &t, krows, c, q, dp, scale, s, lds, &pc, 0);
+    for (; c + KB <= nc; c += KB) qkl_block(R, KB, &t, krows, c, qu, dp, scale, s, lds, &pc, per);
+    for (; c < nc; c++) qkl_block(R, 1, &t, krows, c, qu, dp, scale, s, lds, &pc, 0);
     pfc_step(&pc, -1);
 }
 
