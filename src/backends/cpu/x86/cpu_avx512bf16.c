@@ -371,7 +371,6 @@ AI __m512i ld_w(const void *p, int n)
     return n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p);
 }
 
-/* One step of qkl_block: m (16, 32, 48 or 64) dims from j into a */
 /* One step of qkl_block: m (16, 32, 48 or 64) dims into a. The key's words come as the byte
  * unpacks leave them (per 128-bit block: its first 8 values' words in x0, its last 8 in x1), so
  * the query rows come permuted alike (qu: qkl_rows) */
@@ -443,7 +442,7 @@ AI VBMI void qkl_rows(int R, const void *const *krows, int nc, const uint16_t *q
 
 /* One step of qklp_block: np (1..4) 16-dim pieces from piece t0 into a */
 AI VBMI void qklp_step(int R, int KB, int np, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
-                  int t0, __m512 *a)
+                       int t0, __m512 *a)
 {
     for (int u = 0; u < KB; u++) {
         __m512i hi, lo;
@@ -458,7 +457,7 @@ AI VBMI void qklp_step(int R, int KB, int np, const e4lut *t, const void *const 
 /* S[h][c0 .. c0 + KB) for rows h < R (5..8) as qkp_block, the keys from E4M3 by the tables, 64
  * dims a step, each 16-dim piece broadcast to both halves by its interleave */
 AI VBMI void qklp_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
-                   float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
+                        float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16]; /* a[4 p + u]: row pair p, key u */
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
@@ -488,7 +487,7 @@ AI VBMI void qklp_block(int R, int KB, const e4lut *t, const void *const *krows,
 }
 
 AI VBMI void qklp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
-                  int lds, const pa__cpu_pf *pf)
+                       int lds, const pa__cpu_pf *pf)
 {
     const e4lut t = e4lut_init(true);
     __m512i qp[4 * 512 / 16];
