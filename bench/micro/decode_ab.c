@@ -11,7 +11,7 @@
  * of a shared host; the slow and fast phases of the development VM (bench/NOTES.md, seventeenth
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
- * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | f32),
+ * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | e5m2 | f32),
  * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8), SEQS and CTX (the decode batch:
  * sequences, default 16, at most 64; keys each, default 4096, a multiple of 16),
  * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
@@ -102,7 +102,9 @@ int main(int argc, char **argv)
     const int small = env_int("SMALL", 0), q16 = env_int("Q16", 0);
     const char *dts = getenv("DT") ? getenv("DT") : "bf16";
     const pa_dtype cd = !strcmp(dts, "bf16") ? PA_DTYPE_BF16 : !strcmp(dts, "f16") ? PA_DTYPE_F16
-                          : !strcmp(dts, "f32") ? PA_DTYPE_F32 : PA_DTYPE_FP8_E4M3;
+                          : !strcmp(dts, "f32") ? PA_DTYPE_F32 : !strcmp(dts, "e5m2") ? PA_DTYPE_FP8_E5M2
+                                                : PA_DTYPE_FP8_E4M3;
+    const int fp8 = cd == PA_DTYPE_FP8_E4M3 || cd == PA_DTYPE_FP8_E5M2;
     const int nbps = C / BS, nb = S * nbps;
     lib *libs = calloc((size_t)nl, sizeof(lib));
     void **handles = calloc((size_t)nl, sizeof(void *));
@@ -142,13 +144,14 @@ int main(int argc, char **argv)
             return 1;
         }
     pa_cache cache = caches[0];
-    const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_F32 ? 4 : cd == PA_DTYPE_FP8_E4M3 ? 1 : 2);
+    const size_t bytes = (size_t)nb * BS * HKV * D * (cd == PA_DTYPE_F32 ? 4 : fp8 ? 1 : 2);
     uint64_t x = 1;
     for (int w = 0; w < 2; w++) {
         unsigned char *p = w ? cache.value : cache.key;
         for (size_t i = 0; i < bytes; i += 8) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            uint64_t v = cd == PA_DTYPE_FP8_E4M3 ? x & 0x7777777777777777ull
+            uint64_t v = cd == PA_DTYPE_FP8_E4M3   ? x & 0x7777777777777777ull
+                         : cd == PA_DTYPE_FP8_E5M2 ? x & 0xbbbbbbbbbbbbbbbbull /* |x| < 2^0: no inf, no NaN */
                          : cd == PA_DTYPE_F32    ? (x & 0x3f7fffff3f7fffffull) | 0x3c0000003c000000ull
                                                  : (x & 0x3f7f3f7f3f7f3f7full) | 0x3000300030003000ull;
             memcpy(p + i, &v, 8);

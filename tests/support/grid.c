@@ -839,6 +839,23 @@ static void build_cases(void)
         decode_only(&c, 200 + 37 * (int32_t)i, 3);
         push(c, "e4m3-bf16q");
     }
+    /* E5M2 decodes with bf16 queries (the same byte-table QK, E5M2's tables: infinities): GQA 4
+     * at head 128 with NaN and infinite codes in the K and V read, GQA 2 at 80 (NHD), GQA 8 at
+     * 64 with a window, GQA 1 at 112 */
+    static const struct {
+        int32_t H, Hkv, D;
+        int layout, nonfinite, wl;
+    } e5q[] = {{16, 4, 128, LAYOUT_HND, 1, 0}, {8, 4, 80, LAYOUT_NHD, 0, 0}, {16, 2, 64, LAYOUT_HND, 0, 90},
+               {4, 4, 112, LAYOUT_HND, 1, 0}};
+    for (size_t i = 0; i < sizeof e5q / sizeof e5q[0]; i++) {
+        c = base_case();
+        c.H = e5q[i].H, c.Hkv = e5q[i].Hkv, c.D = e5q[i].D, c.layout = e5q[i].layout;
+        c.cache = PA_DTYPE_FP8_E5M2, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        c.kscale = 1.5f, c.vscale = 0.5f, c.nonfinite = e5q[i].nonfinite;
+        if (e5q[i].wl) c.wl = e5q[i].wl, c.wr = 0;
+        decode_only(&c, 230 + 41 * (int32_t)i, 3);
+        push(c, "e5m2-bf16q");
+    }
 }
 
 int grid_count(void)
@@ -905,6 +922,17 @@ static int guards_intact(const gbuf *b)
     for (size_t i = 0; i < GUARD; i++)
         if (b->base[i] != CANARY || b->base[GUARD + b->bytes + i] != CANARY) return 0;
     return 1;
+}
+
+static void store_inf(pa_dtype d, void *base, int64_t i)
+{
+    switch (d) {
+    case PA_DTYPE_F32: ((float *)base)[i] = INFINITY; break;
+    case PA_DTYPE_F16: ((uint16_t *)base)[i] = 0x7c00; break;
+    case PA_DTYPE_BF16: ((uint16_t *)base)[i] = 0x7f80; break;
+    case PA_DTYPE_FP8_E5M2: ((uint8_t *)base)[i] = 0x7c; break;
+    default: break;
+    }
 }
 
 static void store_nan(pa_dtype d, void *base, int64_t i)
@@ -1161,6 +1189,7 @@ static int64_t pool_offset(const ginputs *in, int32_t block, int32_t t, int32_t 
 
 /* nonfinite cases: NaN in the cached V of the last sequence (two thirds into its context, last
  * KV head, dim 3), NaN in the cached K of sequence 1 (position 5, KV head 0, dim 0), +inf in
+ * the cached K of sequence 0 (position ctx / 2, last KV head, dim 7; not E4M3, which has none), +inf in
  * the new K row of sequence 0's token 20 (last KV head, dim 7) when it has one (every query row
  * that sees that key gets a logit of +inf or -inf by the sign of its q there), NaN in the new V
  * row of sequence 0's token 30 (KV head 0, dim 2) when it has one (the causal rows of tokens 0-29
@@ -1177,6 +1206,13 @@ static void poison_inputs(ginputs *in)
     }
     if (c->nseq > 1 && c->seqs[1].ctx > 5)
         store_nan(c->cache, in->pool_buf.p, pool_offset(in, in->tables[1][0], 5, 0));
+    /* +inf in the cached K of sequence 0 (position ctx / 2, last KV head, dim 7) where the cache
+     * dtype has an infinity (all but E4M3) */
+    if (c->seqs[0].ctx > 0 && c->cache != PA_DTYPE_FP8_E4M3) {
+        int64_t p0 = c->seqs[0].ctx / 2;
+        store_inf(c->cache, in->pool_buf.p,
+                  pool_offset(in, in->tables[0][p0 / c->B], (int32_t)(p0 % c->B), c->Hkv - 1) + 7 % c->D);
+    }
     if (c->seqs[0].ctx == 0 && c->seqs[0].q > 20) {
         void *kb = in->kbuf.base ? in->kbuf.p : (char *)in->qkv.p + in->k_off;
         store_float(c->kvd, kb, 20 * in->k_rs + (int64_t)(c->Hkv - 1) * c->D + 7 % c->D, INFINITY);

@@ -217,6 +217,10 @@ typedef struct pa__cpu_kernels {
      * size the decode kernels take). */
     int qk_e4m3_bf16_rows;
     int qk_e4m3_bf16_dims;
+    /* Optional (NULL: qk_src). The same for E5M2 key rows (byte tables, AVX512-VBMI): an
+     * infinite key value gives an infinite or NaN score as in fp32; any nr, dp a multiple of 16. */
+    void (*qk_src_e5m2_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                             float *s, int lds, const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_src). qk_src for bf16 or E4M3 key rows with the query rows pair-split
      * (pa__cpu_pair_split: each pair_span dims stored as the even ones, then the odd ones; the
      * driver takes this kernel only where dp is a multiple of pair_span), so that one load of

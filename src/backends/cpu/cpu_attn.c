@@ -322,15 +322,18 @@ static void run_item(void *arg, int64_t index, int thread)
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
         const bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
-        /* bf16 queries as given over E4M3 keys too, where a table has qk_src_e4m3_bf16, for the
-         * rows per KV head and head sizes it is meant for (decode tiles: those rows are within the
-         * direct ones). One thread, 16 x 4096 from DRAM: with the f16 conversion at GQA 8 16.3 ->
-         * 15.3 ms (GQA 6 equal, GQA 4 slower: 7 rows and up); by byte tables (AVX512-VBMI) at
-         * GQA 4 7.7 -> 6.7 ms, GQA 8 14.2 -> 13.0 (bench/NOTES.md, thirty-first and thirty-second
-         * passes) */
-        const bool q16e = !q16 && K->qk_src_e4m3_bf16 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
-                          ks[0].dtype == PA_DTYPE_FP8_E4M3 && d % K->qk_e4m3_bf16_dims == 0 &&
-                          nrk >= K->qk_e4m3_bf16_rows && nrk <= 8;
+        /* bf16 queries as given over fp8 keys too, where a table has qk_src_e4m3_bf16 (or
+         * qk_src_e5m2_bf16), for the rows per KV head and head sizes it is meant for (decode
+         * tiles: those rows are within the direct ones). One thread, 16 x 4096 from DRAM: E4M3
+         * through f16 at GQA 8 16.3 -> 15.3 ms (GQA 6 equal, GQA 4 slower: 7 rows and up); by
+         * byte tables (AVX512-VBMI) at GQA 4 7.7 -> 6.7 ms, GQA 8 14.2 -> 13.0 (bench/NOTES.md,
+         * thirty-first and thirty-second passes) */
+        const bool e4 = ks[0].dtype == PA_DTYPE_FP8_E4M3, e5 = ks[0].dtype == PA_DTYPE_FP8_E5M2;
+        void (*const qk8)(const void *const *, int, const uint16_t *, int, int, float, float *, int,
+                          const pa__cpu_pf *) = e4 ? K->qk_src_e4m3_bf16 : e5 ? K->qk_src_e5m2_bf16 : NULL;
+        const bool q16e = !q16 && qk8 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
+                          d % (e4 ? K->qk_e4m3_bf16_dims : 16) == 0 && nrk >= (e4 ? K->qk_e4m3_bf16_rows : 1) &&
+                          nrk <= 8;
         if (q16 || q16e)
             for (int r = 0; r < nr; r++) {
                 uint16_t *qr = sc->q16 + (size_t)r * dp;
@@ -450,7 +453,7 @@ static void run_item(void *arg, int64_t index, int thread)
                     if (q16)
                         K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else if (q16e)
-                        K->qk_src_e4m3_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
+                        qk8(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
                     else if (pairs)
                         K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
                     else

@@ -154,7 +154,7 @@ static const char *cpu_info(void)
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
              "fp8 E4M3 decode: %s\n"
-             "fp8 E4M3 decode QK with bf16 queries: %s\n"
+             "fp8 decode QK with bf16 queries: %s\n"
              "bf16 caches: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
@@ -189,9 +189,9 @@ static const char *cpu_info(void)
              "not built (not AArch64)",
 #endif
              fp8,
-             !kt.qk_src_e4m3_bf16         ? "as above (this ISA path has no bf16 dot products over E4M3 keys)"
+             !kt.qk_src_e4m3_bf16         ? "as above (this ISA path has no bf16 dot products over fp8 keys)"
              : kt.qk_e4m3_bf16_rows <= 1 ? "vdpbf16ps over the keys converted exactly to bf16 by byte tables "
-                                           "(AVX512-VBMI), at every GQA"
+                                           "(AVX512-VBMI), at every GQA (E5M2 keys too)"
                                          : "vdpbf16ps over the keys converted exactly to bf16 through f16 at GQA 7-8 "
                                            "(no AVX512-VBMI); as above elsewhere",
              kt.pv_bf16 ? "QK (bf16 queries) and PV by vdpbf16ps, the probabilities rounded to bf16; "

@@ -324,19 +324,40 @@ static const uint8_t e4m3_bf16_tab[256] __attribute__((aligned(64))) = {
     0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x80, 0x90, 0xa0, 0xb0, 0xc0, 0xd0, 0xe0, 0xc0,
 };
 
+/* The same for E5M2 (c = 0..127: exponent field e = c >> 2, mantissa m = c & 3): (e + 112) << 7 |
+ * m << 5 for e in 1..30; m 2^-16 as bf16 for e = 0; infinity (m = 0) or a quiet NaN for e = 31. */
+static const uint8_t e5m2_bf16_tab[256] __attribute__((aligned(64))) = {
+    0x00, 0x37, 0x38, 0x38, 0x38, 0x38, 0x38, 0x38, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39, 0x39,
+    0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3a, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b, 0x3b,
+    0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3c, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d, 0x3d,
+    0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3e, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f, 0x3f,
+    0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41,
+    0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43,
+    0x44, 0x44, 0x44, 0x44, 0x44, 0x44, 0x44, 0x44, 0x45, 0x45, 0x45, 0x45, 0x45, 0x45, 0x45, 0x45,
+    0x46, 0x46, 0x46, 0x46, 0x46, 0x46, 0x46, 0x46, 0x47, 0x47, 0x47, 0x47, 0x7f, 0x7f, 0x7f, 0x7f,
+    0x00, 0x80, 0x00, 0x40, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0,
+    0x00, 0x20, 0x40, 0x60, 0x80, 0xa0, 0xc0, 0xe0, 0x00, 0x20, 0x40, 0x60, 0x80, 0xc0, 0xc0, 0xc0,
+};
+
 /* The tables in registers, and the interleaves of the row pairs: b[i] words 16 i .. 16 i + 15 of
  * the 64 values in both halves (i < 4; index bit 6 picks the second operand, the high bytes). */
 typedef struct {
     __m512i hi0, hi1, lo0, lo1, b[4];
-} e4lut;
+} f8lut;
 
-AI VBMI e4lut e4lut_init(bool bcast)
+AI VBMI f8lut f8lut_init(const uint8_t *tab, bool bcast)
 {
-    e4lut t;
-    t.hi0 = _mm512_load_si512(e4m3_bf16_tab);
-    t.hi1 = _mm512_load_si512(e4m3_bf16_tab + 64);
-    t.lo0 = _mm512_load_si512(e4m3_bf16_tab + 128);
-    t.lo1 = _mm512_load_si512(e4m3_bf16_tab + 192);
+    f8lut t;
+    t.hi0 = _mm512_load_si512(tab);
+    t.hi1 = _mm512_load_si512(tab + 64);
+    t.lo0 = _mm512_load_si512(tab + 128);
+    t.lo1 = _mm512_load_si512(tab + 192);
     /* byte b of b[i]: the low byte of value v = (b / 2) % 16 + 16 i (index v) for even b, its
      * high byte (index 64 + v) for odd b */
     const __m512i b = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44,
@@ -351,15 +372,15 @@ AI VBMI e4lut e4lut_init(bool bcast)
     return t;
 }
 
-/* the high and low bytes of the bf16 words of the 64 E4M3 values in x */
-AI VBMI void e4lut_bytes(const e4lut *t, __m512i x, __m512i *hi, __m512i *lo)
+/* the high and low bytes of the bf16 words of the 64 fp8 values in x */
+AI VBMI void f8lut_bytes(const f8lut *t, __m512i x, __m512i *hi, __m512i *lo)
 {
     *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t->hi0, x, t->hi1), x, _mm512_set1_epi8((char)0x80),
                                     0xf8); /* a | (b & c) */
     *lo = _mm512_permutex2var_epi8(t->lo0, x, t->lo1);
 }
 
-/* n (1..64) E4M3 bytes at p, zeros after them (code 0: value 0) */
+/* n (1..64) fp8 bytes at p, zeros after them (code 0: value 0 in both formats) */
 AI __m512i ld_e4(const void *p, int n)
 {
     return n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
@@ -374,12 +395,12 @@ AI __m512i ld_w(const void *p, int n)
 /* One step of qkl_block: m (16, 32, 48 or 64) dims into a. The key's words come as the byte
  * unpacks leave them (per 128-bit block: its first 8 values' words in x0, its last 8 in x1), so
  * the query rows come permuted alike (qu: qkl_rows) */
-AI VBMI void qkl_step(int R, int KB, int m, const e4lut *t, const void *const *krows, int c0, const __m512i *qu, int j,
+AI VBMI void qkl_step(int R, int KB, int m, const f8lut *t, const void *const *krows, int c0, const __m512i *qu, int j,
                       __m512 *a)
 {
     for (int u = 0; u < KB; u++) {
         __m512i hi, lo;
-        e4lut_bytes(t, ld_e4((const char *)krows[c0 + u] + j, m), &hi, &lo);
+        f8lut_bytes(t, ld_e4((const char *)krows[c0 + u] + j, m), &hi, &lo);
         const __m512bh x0 = as_bh(_mm512_unpacklo_epi8(lo, hi)), x1 = as_bh(_mm512_unpackhi_epi8(lo, hi));
         for (int h = 0; h < R; h++) {
             a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], as_bh(qu[2 * h]), x0);
@@ -390,7 +411,7 @@ AI VBMI void qkl_step(int R, int KB, int m, const e4lut *t, const void *const *k
 
 /* S[h][c0 .. c0 + KB) for R (1..4) rows as qkb_block, the keys from E4M3 by the tables, 64
  * dims a step; qu[(s * 4 + h) * 2 + i]: row h's permuted query words of step s */
-AI VBMI void qkl_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const __m512i *qu, int dp,
+AI VBMI void qkl_block(int R, int KB, const f8lut *t, const void *const *krows, int c0, const __m512i *qu, int dp,
                        float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16];
@@ -409,10 +430,10 @@ AI VBMI void qkl_block(int R, int KB, const e4lut *t, const void *const *krows, 
     store_scores(R, KB, a, scale, s, lds, c0);
 }
 
-AI VBMI void qkl_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
-                      int lds, const pa__cpu_pf *pf)
+AI VBMI void qkl_rows(const uint8_t *tab, int R, const void *const *krows, int nc, const uint16_t *q, int dp,
+                      float scale, float *s, int lds, const pa__cpu_pf *pf)
 {
-    const e4lut t = e4lut_init(false);
+    const f8lut t = f8lut_init(tab, false);
     /* the query rows in the unpacks' order: words i of blocks of 8 in 16 (x0: first 8) */
     __m512i qu[512 / 64 * 8];
     const __m512i ia = _mm512_set_epi16(55, 54, 53, 52, 51, 50, 49, 48, 39, 38, 37, 36, 35, 34, 33, 32, 23, 22, 21, 20,
@@ -441,12 +462,12 @@ AI VBMI void qkl_rows(int R, const void *const *krows, int nc, const uint16_t *q
 }
 
 /* One step of qklp_block: np (1..4) 16-dim pieces from piece t0 into a */
-AI VBMI void qklp_step(int R, int KB, int np, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
+AI VBMI void qklp_step(int R, int KB, int np, const f8lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
                        int t0, __m512 *a)
 {
     for (int u = 0; u < KB; u++) {
         __m512i hi, lo;
-        e4lut_bytes(t, ld_e4((const char *)krows[c0 + u] + 16 * (size_t)t0, 16 * np), &hi, &lo);
+        f8lut_bytes(t, ld_e4((const char *)krows[c0 + u] + 16 * (size_t)t0, 16 * np), &hi, &lo);
         for (int i = 0; i < np; i++) {
             const __m512bh k = as_bh(_mm512_permutex2var_epi8(lo, t->b[i], hi));
             for (int p = 0; 2 * p < R; p++) a[4 * p + u] = _mm512_dpbf16_ps(a[4 * p + u], as_bh(qp[p * nt + t0 + i]), k);
@@ -456,7 +477,7 @@ AI VBMI void qklp_step(int R, int KB, int np, const e4lut *t, const void *const 
 
 /* S[h][c0 .. c0 + KB) for rows h < R (5..8) as qkp_block, the keys from E4M3 by the tables, 64
  * dims a step, each 16-dim piece broadcast to both halves by its interleave */
-AI VBMI void qklp_block(int R, int KB, const e4lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
+AI VBMI void qklp_block(int R, int KB, const f8lut *t, const void *const *krows, int c0, const __m512i *qp, int nt,
                         float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16]; /* a[4 p + u]: row pair p, key u */
@@ -486,10 +507,10 @@ AI VBMI void qklp_block(int R, int KB, const e4lut *t, const void *const *krows,
     }
 }
 
-AI VBMI void qklp_rows(int R, const void *const *krows, int nc, const uint16_t *q, int dp, float scale, float *s,
-                       int lds, const pa__cpu_pf *pf)
+AI VBMI void qklp_rows(const uint8_t *tab, int R, const void *const *krows, int nc, const uint16_t *q, int dp,
+                       float scale, float *s, int lds, const pa__cpu_pf *pf)
 {
-    const e4lut t = e4lut_init(true);
+    const f8lut t = f8lut_init(tab, true);
     __m512i qp[4 * 512 / 16];
     pair_queries(R, q, dp, qp);
     const int nt = dp / 16;
@@ -506,9 +527,10 @@ AI VBMI void qklp_rows(int R, const void *const *krows, int nc, const uint16_t *
     pfc_step(&pc, -1);
 }
 
-/* Any number of rows: groups of 8 by row pairs (5 to 8 rows), what is left (1 to 4) by qkl_rows */
-static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
-                                float *s, int lds, const pa__cpu_pf *pf)
+/* Any number of rows: groups of 8 by row pairs (5 to 8 rows), what is left (1 to 4) by qkl_rows;
+ * the keys' format by its table */
+AI VBMI void qk_src_lut(const uint8_t *tab, const void *const *krows, int nc, const uint16_t *q16, int nr, int dp,
+                        float scale, float *s, int lds, const pa__cpu_pf *pf)
 {
     const int ng = (nr + 3) / 4;
     int r = 0;
@@ -518,10 +540,10 @@ static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uin
         const uint16_t *qr = q16 + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 8 ? nr - r : 8) {
-        case 8: qklp_rows(8, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 7: qklp_rows(7, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 6: qklp_rows(6, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qklp_rows(5, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 8: qklp_rows(tab, 8, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 7: qklp_rows(tab, 7, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 6: qklp_rows(tab, 6, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qklp_rows(tab, 5, krows, nc, qr, dp, scale, sr, lds, pp); break;
         }
     }
     for (; r < nr; r += 4) {
@@ -530,12 +552,24 @@ static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uin
         const uint16_t *qr = q16 + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkl_rows(4, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 3: qkl_rows(3, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 2: qkl_rows(2, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qkl_rows(1, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 4: qkl_rows(tab, 4, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 3: qkl_rows(tab, 3, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        case 2: qkl_rows(tab, 2, krows, nc, qr, dp, scale, sr, lds, pp); break;
+        default: qkl_rows(tab, 1, krows, nc, qr, dp, scale, sr, lds, pp); break;
         }
     }
+}
+
+static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                                     float *s, int lds, const pa__cpu_pf *pf)
+{
+    qk_src_lut(e4m3_bf16_tab, krows, nc, q16, nr, dp, scale, s, lds, pf);
+}
+
+static VBMI void a5b_qk_src_e5m2_lut(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
+                                     float *s, int lds, const pa__cpu_pf *pf)
+{
+    qk_src_lut(e5m2_bf16_tab, krows, nc, q16, nr, dp, scale, s, lds, pf);
 }
 
 /* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
@@ -904,6 +938,7 @@ void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi)
     k->qk_src_e4m3_bf16 = vbmi ? a5b_qk_src_e4m3_lut : a5b_qk_src_e4m3;
     k->qk_e4m3_bf16_rows = vbmi ? 1 : 7;
     k->qk_e4m3_bf16_dims = vbmi ? 16 : 32;
+    k->qk_src_e5m2_bf16 = vbmi ? a5b_qk_src_e5m2_lut : NULL;
     k->qk_t_bf16 = a5b_qk_t_bf16;
     k->pv_src_bf16 = a5b_pv_src_bf16;
     k->load_v_pairs = a5b_load_v_pairs;
