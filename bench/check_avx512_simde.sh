@@ -151,15 +151,16 @@ int main(int argc, char **argv)
     const char *isa = getenv("PAGEDATTN_CPU_ISA"); /* the script sets it */
     if (argc > 1 || !isa || strcmp(isa, "avx512bf16") != 0)
         return grid_run_all(cpu, argc > 1 ? argv[1] : NULL, 0, stdout) != 0;
-    /* avx512bf16 is avx512 with the dot products of bf16 queries by bf16 (or E4M3) keys and
+    /* avx512bf16 is avx512 with the dot products of bf16 queries by bf16 (or fp8) keys and
      * of the probabilities by bf16 values replaced
      * (pa__cpu_kernels_init_avx512bf16): only the cases with bf16 keys and values, or bf16
-     * queries over an E4M3 cache, run again here */
+     * queries over an fp8 cache, run again here */
     int run = 0, failed = 0;
     for (int i = 0; i < grid_count(); i++) {
         pa_dtype q, kv, cache;
         if (grid_case_dtypes(i, &q, &kv, &cache) != 0) return 1;
-        if (kv != PA_DTYPE_BF16 && cache != PA_DTYPE_BF16 && !(q == PA_DTYPE_BF16 && cache == PA_DTYPE_FP8_E4M3))
+        if (kv != PA_DTYPE_BF16 && cache != PA_DTYPE_BF16 &&
+            !(q == PA_DTYPE_BF16 && (cache == PA_DTYPE_FP8_E4M3 || cache == PA_DTYPE_FP8_E5M2)))
             continue;
         grid_result r;
         failed += grid_run_case(cpu, i, 0, &r);
@@ -168,7 +169,7 @@ int main(int argc, char **argv)
                r.max_abs_err, r.max_rel_err, r.max_lse_err, grid_case_name(i));
         if (r.failed || r.skipped) printf("     -> %s\n", r.reason);
     }
-    printf("cpu (avx512bf16): %d cases with bf16 keys and values or bf16 queries over E4M3, %d failed\n", run, failed);
+    printf("cpu (avx512bf16): %d cases with bf16 keys and values or bf16 queries over fp8, %d failed\n", run, failed);
     return failed != 0 || run == 0;
 }
 C

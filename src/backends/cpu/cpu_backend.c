@@ -175,7 +175,7 @@ static const char *cpu_info(void)
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
                  ? (f.avx512vbmi ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
-                                   "EPYC and under SIMDe); E4M3 keys to bf16 by byte tables (AVX512-VBMI)"
+                                   "EPYC and under SIMDe); fp8 keys to bf16 by byte tables (AVX512-VBMI)"
                                  : "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
                                    "EPYC and under SIMDe); E4M3 keys to bf16 through f16 at GQA 7-8 (no AVX512-VBMI)")
                  : "built, cannot run on this CPU",
