@@ -5,8 +5,8 @@
  * on a buffer far larger than the last-level cache; fp32 FMA peak (register-only FMAs); the
  * AVX512-BF16 dot-product peak where the CPU has it. A case's floor is its roofline time,
  * max(KV bytes / bandwidth, useful flops / peak), and "frac" is floor / median time; the peak
- * is the faster of the bf16 dot-product and fp32 FMA ones for bf16 queries over a bf16 cache
- * where the CPU has bf16 dot products (on a Xeon with AVX512-BF16 they ran at half the FMA
+ * is the faster of the bf16 dot-product and fp32 FMA ones for bf16 queries over a bf16 (or fp8)
+ * cache where the CPU has bf16 dot products (on a Xeon with AVX512-BF16 they ran at half the FMA
  * rate, so the dot-product peak alone gave fractions above 1), else the FMA one. Useful
  * flops are 4 * head_size per (query head, visible key): causal halves are not counted. Decode
  * cases rotate over enough layers' caches (>= 256 MiB of KV) that they measure memory, not L3.
@@ -590,11 +590,12 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
     R->gbs = S->kv_bytes / R->tmed / 1e9;
     R->gflops = S->flops / R->tmed / 1e9;
     R->tok_s = S->tokens / R->tmed;
-    /* bf16 queries over a bf16 cache, where the CPU has bf16 dot products (AVX512-BF16): the
-     * compute limit is the faster of the bf16 dot-product and the fp32 FMA peaks (the cpu
-     * backend takes QK by dot products and PV in fp32; no mix beats the faster unit alone);
-     * everything else: the fp32 FMA peak */
-    bool bf16 = S->c.io == PA_DTYPE_BF16 && S->c.cache == PA_DTYPE_BF16 && L->bf16_gflops > L->fma_gflops;
+    /* bf16 queries over a bf16 or fp8 cache, where the CPU has bf16 dot products
+     * (AVX512-BF16): the compute limit is the faster of the bf16 dot-product and the fp32 FMA
+     * peaks (the cpu backend can take QK by dot products there, and PV in fp32 or by dot
+     * products; no mix beats the faster unit alone); everything else: the fp32 FMA peak */
+    const bool dotc = S->c.cache == PA_DTYPE_BF16 || S->c.cache == PA_DTYPE_FP8_E4M3 || S->c.cache == PA_DTYPE_FP8_E5M2;
+    bool bf16 = S->c.io == PA_DTYPE_BF16 && dotc && L->bf16_gflops > L->fma_gflops;
     double peak = bf16 ? L->bf16_gflops : L->fma_gflops;
     double tm = S->kv_bytes / (L->read_gbs * 1e9), tc = S->flops / (peak * 1e9);
     if (BLOCKS == BLOCKS_HOT) tm = 0; /* the KV comes from the caches: the compute floor alone */

@@ -33,8 +33,9 @@ for key in ("kv_gbs", "gflops", "tokens_per_s", "floor_ms", "fraction"):
 # the fraction is the floor over the median; the floor is the larger roofline time (KV bytes over
 # the read bandwidth, useful flops over the FMA peak), both recoverable from the rates
 t_mem = res["kv_gbs"] * res["median_ms"] / lim["read_gbs"] if blocks != "hot" else 0.0
-# (the bf16 dot-product peak for a bf16 case where the CPU has one and it beats the FMA peak)
-bf16 = case.endswith(" bf16") and lim["bf16_dot_gflops"] is not None and lim["bf16_dot_gflops"] > lim["fma_gflops"]
+# (the bf16 dot-product peak for a bf16 or fp8 case, bf16 queries, where the CPU has one and it
+# beats the FMA peak)
+bf16 = (case.endswith(" bf16") or " fp8" in case) and lim["bf16_dot_gflops"] is not None and lim["bf16_dot_gflops"] > lim["fma_gflops"]
 peak = lim["bf16_dot_gflops"] if bf16 else lim["fma_gflops"]
 t_fma = res["gflops"] * res["median_ms"] / peak
 floor = max(t_mem, t_fma)

@@ -10,7 +10,10 @@
 #   2. no object but the two AVX-512 ones holds an AVX-512 register or instruction;
 #   3. no object but the three ISA ones holds a 256-bit register (the rest of the library is
 #      built at the x86-64 baseline; CMake registers this test only without -m flags of the
-#      embedding project's own).
+#      embedding project's own);
+#   4. AVX512-VBMI's byte permutes (vpermb, vpermi2b, vpermt2b) sit only in the functions that
+#      carry its target attribute, the byte-table kernels (*_lut), which the avx512bf16 path
+#      installs only where CPUID reports VBMI (Cooper Lake has AVX512-BF16 without it).
 set -eu
 lib=$1
 tmp=$(mktemp -d)
@@ -44,6 +47,9 @@ for o in *.o; do
         fi
         ;;
     esac
+    vbmi=$(printf '%s\n' "$dis" | awk '/^[0-9a-f]+ <.*>:$/ {fn = $2} /vperm(i2|t2)?b[ \t]/ {print fn}' | sort -u |
+           grep -v -E '^<[a-z0-9_]+_lut(\.[a-z0-9.]+)?>:$' || true)
+    [ -z "$vbmi" ] || fail "$o: VBMI byte permutes outside the *_lut kernels: $vbmi"
     case $o in
     cpu_avx2*.o | cpu_avx512*.o) ;;
     *)
