@@ -820,41 +820,40 @@ static void build_cases(void)
     c.wl = 120, c.wr = 0;
     decode_only(&c, 309, 2);
     push(c, "gqa7");
-    /* E4M3 decodes with bf16 queries at 1 to 6 query rows per KV head, whose QK on the
-     * avx512bf16 path with AVX512-VBMI is bf16 dot products over keys converted by byte tables
-     * (1 to 4 rows: rows in order; 5 and 6: row pairs, the last pair half empty for 5), at head
-     * sizes whose last step is partial (48, 80, 112: 64-dim steps) and whole (128); NaN bytes
-     * in the cached K and V read for some, a window for one */
+    /* fp8 decodes with bf16 queries, whose QK on the avx512bf16 path with AVX512-VBMI is bf16 dot
+     * products over keys converted by byte tables. E4M3 at 1 to 6 query rows per KV head (1 to 4
+     * rows: rows in order; 5 and 6: row pairs, the last pair half empty for 5), at head sizes whose
+     * last step is partial (48, 80, 112: 64-dim steps) and whole (128); NaN bytes in the cached K
+     * and V read for some, a window for one. Then E5M2 (its own tables: infinities): GQA 4 at head
+     * 128 with NaN and infinite codes in the K and V read, GQA 2 at 80 (NHD), GQA 8 at 64 with a
+     * window, GQA 1 at 112. */
     static const struct {
         int32_t H, Hkv, D;
         int layout, nonfinite, wl;
-    } e4q[] = {{8, 8, 80, LAYOUT_NHD, 0, 0},  {8, 4, 112, LAYOUT_HND, 1, 0}, {6, 2, 48, LAYOUT_HND, 0, 0},
-               {10, 2, 128, LAYOUT_NHD, 0, 70}, {12, 2, 80, LAYOUT_HND, 1, 0}, {16, 4, 128, LAYOUT_HND, 1, 0}};
-    for (size_t i = 0; i < sizeof e4q / sizeof e4q[0]; i++) {
+        pa_dtype cache;
+        int32_t ctx;
+        float kscale, vscale;
+        const char *name;
+    } f8q[] = {
+        {8, 8, 80, LAYOUT_NHD, 0, 0, PA_DTYPE_FP8_E4M3, 200, 0.75f, 1.25f, "e4m3-bf16q"},
+        {8, 4, 112, LAYOUT_HND, 1, 0, PA_DTYPE_FP8_E4M3, 237, 0.75f, 1.25f, "e4m3-bf16q"},
+        {6, 2, 48, LAYOUT_HND, 0, 0, PA_DTYPE_FP8_E4M3, 274, 0.75f, 1.25f, "e4m3-bf16q"},
+        {10, 2, 128, LAYOUT_NHD, 0, 70, PA_DTYPE_FP8_E4M3, 311, 0.75f, 1.25f, "e4m3-bf16q"},
+        {12, 2, 80, LAYOUT_HND, 1, 0, PA_DTYPE_FP8_E4M3, 348, 0.75f, 1.25f, "e4m3-bf16q"},
+        {16, 4, 128, LAYOUT_HND, 1, 0, PA_DTYPE_FP8_E4M3, 385, 0.75f, 1.25f, "e4m3-bf16q"},
+        {16, 4, 128, LAYOUT_HND, 1, 0, PA_DTYPE_FP8_E5M2, 230, 1.5f, 0.5f, "e5m2-bf16q"},
+        {8, 4, 80, LAYOUT_NHD, 0, 0, PA_DTYPE_FP8_E5M2, 271, 1.5f, 0.5f, "e5m2-bf16q"},
+        {16, 2, 64, LAYOUT_HND, 0, 90, PA_DTYPE_FP8_E5M2, 312, 1.5f, 0.5f, "e5m2-bf16q"},
+        {4, 4, 112, LAYOUT_HND, 1, 0, PA_DTYPE_FP8_E5M2, 353, 1.5f, 0.5f, "e5m2-bf16q"},
+    };
+    for (size_t i = 0; i < sizeof f8q / sizeof f8q[0]; i++) {
         c = base_case();
-        c.H = e4q[i].H, c.Hkv = e4q[i].Hkv, c.D = e4q[i].D, c.layout = e4q[i].layout;
-        c.cache = PA_DTYPE_FP8_E4M3, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
-        c.kscale = 0.75f, c.vscale = 1.25f, c.nonfinite = e4q[i].nonfinite;
-        if (e4q[i].wl) c.wl = e4q[i].wl, c.wr = 0;
-        decode_only(&c, 200 + 37 * (int32_t)i, 3);
-        push(c, "e4m3-bf16q");
-    }
-    /* E5M2 decodes with bf16 queries (the same byte-table QK, E5M2's tables: infinities): GQA 4
-     * at head 128 with NaN and infinite codes in the K and V read, GQA 2 at 80 (NHD), GQA 8 at
-     * 64 with a window, GQA 1 at 112 */
-    static const struct {
-        int32_t H, Hkv, D;
-        int layout, nonfinite, wl;
-    } e5q[] = {{16, 4, 128, LAYOUT_HND, 1, 0}, {8, 4, 80, LAYOUT_NHD, 0, 0}, {16, 2, 64, LAYOUT_HND, 0, 90},
-               {4, 4, 112, LAYOUT_HND, 1, 0}};
-    for (size_t i = 0; i < sizeof e5q / sizeof e5q[0]; i++) {
-        c = base_case();
-        c.H = e5q[i].H, c.Hkv = e5q[i].Hkv, c.D = e5q[i].D, c.layout = e5q[i].layout;
-        c.cache = PA_DTYPE_FP8_E5M2, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
-        c.kscale = 1.5f, c.vscale = 0.5f, c.nonfinite = e5q[i].nonfinite;
-        if (e5q[i].wl) c.wl = e5q[i].wl, c.wr = 0;
-        decode_only(&c, 230 + 41 * (int32_t)i, 3);
-        push(c, "e5m2-bf16q");
+        c.H = f8q[i].H, c.Hkv = f8q[i].Hkv, c.D = f8q[i].D, c.layout = f8q[i].layout;
+        c.cache = f8q[i].cache, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        c.kscale = f8q[i].kscale, c.vscale = f8q[i].vscale, c.nonfinite = f8q[i].nonfinite;
+        if (f8q[i].wl) c.wl = f8q[i].wl, c.wr = 0;
+        decode_only(&c, f8q[i].ctx, 3);
+        push(c, f8q[i].name);
     }
 }
 

@@ -203,39 +203,51 @@ AI bool qkp_rows(int R, bool E, bool fix, const void *const *krows, int nc, cons
     return E && !fix && _mm256_movemask_epi8(_mm256_cmpeq_epi8(seen, _mm256_set1_epi8(0x7f))) != 0;
 }
 
-/* Rows in groups of 8 as row pairs (qkp_rows), what is left (1 to 4 rows) by qkb_rows. (Two
- * loops of the same shape: one loop with one switch over both kernels ran 2-3% slower, cache-
- * resident, at GQA 4 and 8; bench/NOTES.md, twenty-ninth pass.) */
+/* The decode QK's rows: in groups of 8 by a row-pair kernel, PAIRS(R) for R = 5..8 rows, what
+ * is left (1 to 4 rows) by a 4-row kernel, BLOCKS(R); each call's rows at qr, its scores at sr,
+ * its share of the prefetch list at pp. (Two loops of the same shape: one loop with one switch
+ * over both kernels ran 2-3% slower, cache-resident, at GQA 4 and 8; bench/NOTES.md,
+ * twenty-ninth pass.) */
+#define QK_ROW_GROUPS(PAIRS, BLOCKS)                                                                      \
+    do {                                                                                                  \
+        const int ng = (nr + 3) / 4;                                                                      \
+        int r = 0;                                                                                        \
+        for (; nr - r > 4; r += 8) {                                                                      \
+            /* rows r .. r + 7 (or to nr): the prefetch parts of their two groups of 4 */                 \
+            pa__cpu_pf part = pf_range(pf, r / 4, r / 4 + 2 < ng ? r / 4 + 2 : ng, ng);                   \
+            const pa__cpu_pf *pp = pf ? &part : NULL;                                                     \
+            const uint16_t *qr = q16 + (size_t)r * dp;                                                    \
+            float *sr = s + (size_t)r * lds;                                                              \
+            switch (nr - r < 8 ? nr - r : 8) {                                                            \
+            case 8: PAIRS(8); break;                                                                      \
+            case 7: PAIRS(7); break;                                                                      \
+            case 6: PAIRS(6); break;                                                                      \
+            default: PAIRS(5); break;                                                                     \
+            }                                                                                             \
+        }                                                                                                 \
+        for (; r < nr; r += 4) {                                                                          \
+            pa__cpu_pf part = pf_part(pf, r / 4, ng);                                                     \
+            const pa__cpu_pf *pp = pf ? &part : NULL;                                                     \
+            const uint16_t *qr = q16 + (size_t)r * dp;                                                    \
+            float *sr = s + (size_t)r * lds;                                                              \
+            switch (nr - r < 4 ? nr - r : 4) {                                                            \
+            case 4: BLOCKS(4); break;                                                                     \
+            case 3: BLOCKS(3); break;                                                                     \
+            case 2: BLOCKS(2); break;                                                                     \
+            default: BLOCKS(1); break;                                                                    \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+
+/* bf16 keys: row pairs by qkp_rows, blocks by qkb_rows */
 static void a5b_qk_src_bf16(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
-    int ng = (nr + 3) / 4;
-    int r = 0;
-    for (; nr - r > 4; r += 8) {
-        /* rows r .. r + 7 (or to nr): the prefetch parts of their two groups of 4 */
-        pa__cpu_pf part = pf_range(pf, r / 4, r / 4 + 2 < ng ? r / 4 + 2 : ng, ng);
-        const pa__cpu_pf *pp = pf ? &part : NULL;
-        const uint16_t *qr = q16 + (size_t)r * dp;
-        float *sr = s + (size_t)r * lds;
-        switch (nr - r < 8 ? nr - r : 8) {
-        case 8: qkp_rows(8, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 7: qkp_rows(7, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 6: qkp_rows(6, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qkp_rows(5, false, false, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        }
-    }
-    for (; r < nr; r += 4) {
-        pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        const pa__cpu_pf *pp = pf ? &part : NULL;
-        const uint16_t *qr = q16 + (size_t)r * dp;
-        float *sr = s + (size_t)r * lds;
-        switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkb_rows(4, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 3: qkb_rows(3, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 2: qkb_rows(2, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qkb_rows(1, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        }
-    }
+#define PAIRS(R) qkp_rows(R, false, false, krows, nc, qr, dp, scale, sr, lds, pp)
+#define BLOCKS(R) qkb_rows(R, krows, nc, qr, dp, scale, sr, lds, pp)
+    QK_ROW_GROUPS(PAIRS, BLOCKS);
+#undef PAIRS
+#undef BLOCKS
 }
 
 /* ---- decode: QK for bf16 queries over E4M3 keys, 7 or 8 rows --------------------------------
@@ -527,37 +539,16 @@ AI VBMI void qklp_rows(const uint8_t *tab, int R, const void *const *krows, int 
     pfc_step(&pc, -1);
 }
 
-/* Any number of rows: groups of 8 by row pairs (5 to 8 rows), what is left (1 to 4) by qkl_rows;
- * the keys' format by its table */
+/* Any number of rows (QK_ROW_GROUPS): row pairs by qklp_rows, blocks by qkl_rows; the keys'
+ * format by its table */
 AI VBMI void qk_src_lut(const uint8_t *tab, const void *const *krows, int nc, const uint16_t *q16, int nr, int dp,
                         float scale, float *s, int lds, const pa__cpu_pf *pf)
 {
-    const int ng = (nr + 3) / 4;
-    int r = 0;
-    for (; nr - r > 4; r += 8) {
-        pa__cpu_pf part = pf_range(pf, r / 4, r / 4 + 2 < ng ? r / 4 + 2 : ng, ng);
-        const pa__cpu_pf *pp = pf ? &part : NULL;
-        const uint16_t *qr = q16 + (size_t)r * dp;
-        float *sr = s + (size_t)r * lds;
-        switch (nr - r < 8 ? nr - r : 8) {
-        case 8: qklp_rows(tab, 8, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 7: qklp_rows(tab, 7, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 6: qklp_rows(tab, 6, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qklp_rows(tab, 5, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        }
-    }
-    for (; r < nr; r += 4) {
-        pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        const pa__cpu_pf *pp = pf ? &part : NULL;
-        const uint16_t *qr = q16 + (size_t)r * dp;
-        float *sr = s + (size_t)r * lds;
-        switch (nr - r < 4 ? nr - r : 4) {
-        case 4: qkl_rows(tab, 4, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 3: qkl_rows(tab, 3, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        case 2: qkl_rows(tab, 2, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        default: qkl_rows(tab, 1, krows, nc, qr, dp, scale, sr, lds, pp); break;
-        }
-    }
+#define PAIRS(R) qklp_rows(tab, R, krows, nc, qr, dp, scale, sr, lds, pp)
+#define BLOCKS(R) qkl_rows(tab, R, krows, nc, qr, dp, scale, sr, lds, pp)
+    QK_ROW_GROUPS(PAIRS, BLOCKS);
+#undef PAIRS
+#undef BLOCKS
 }
 
 static VBMI void a5b_qk_src_e4m3_lut(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
