@@ -31,10 +31,16 @@ AI __m512bh as_bh(__m512i x)
     return r;
 }
 
+/* n (1..32) 16-bit words at p, zeros after them */
+AI __m512i ld_w(const void *p, int n)
+{
+    return n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p);
+}
+
 /* 32 bf16 values at p, or (m < 32) the first 16 and zeros (the rest is never read) */
 AI __m512bh ld32(const void *p, int m)
 {
-    return as_bh(m == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)0xffff, p));
+    return as_bh(ld_w(p, m == 32 ? 32 : 16));
 }
 
 /* S[r][c0 .. c0 + KB) = scale * dot for the R rows at q: R x KB accumulators over 32-dim steps
@@ -396,12 +402,6 @@ AI VBMI void f8lut_bytes(const f8lut *t, __m512i x, __m512i *hi, __m512i *lo)
 AI __m512i ld_e4(const void *p, int n)
 {
     return n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
-}
-
-/* n (1..32) 16-bit words at p, zeros after them */
-AI __m512i ld_w(const void *p, int n)
-{
-    return n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p);
 }
 
 /* One step of qkl_block: m (16, 32, 48 or 64) dims into a. The key's words come as the byte
