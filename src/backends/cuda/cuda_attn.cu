@@ -367,49 +367,42 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
 }
 
 /* Merges the splits of one (token, head) in split order; grid (num_comb, num_heads). */
-/* The final output of (token `token` of sequence s, query head h) from its sequence's nsplit
- * partials, merged in split order by the calling block's threads (each a set of dims): the
- * combine kernel's block per (token, head), or the last split block of a decode tile (fused).
- * Partials are read through L2 (ld.global.cg): in the fused case other blocks of the same launch
- * wrote them. */
-__device__ void combine_one(const pa_cu_attn_params &P, int s, int token, int h)
+__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    const pa_cu_comb cb = P.comb[blockIdx.x];
+    const int h = (int)blockIdx.y;
+    const int s = cb.seq;
     const int ns = P.nsplit[s];
     const int D = P.head_size;
-    const int64_t part0 = P.part_base[s] + ((int64_t)token * P.num_heads + h) * ns;
-    const int64_t t = P.qstart[s] + token;
+    const int64_t part0 = P.part_base[s] + ((int64_t)cb.token * P.num_heads + h) * ns;
+    const int64_t token = P.qstart[s] + cb.token;
 
     float M = -INFINITY;
-    for (int k = 0; k < ns; k++) M = fmaxf(M, __ldcg(&P.ws_ml[2 * (part0 + k)]));
+    for (int k = 0; k < ns; k++) M = fmaxf(M, P.ws_ml[2 * (part0 + k)]);
     if (P.has_sinks) M = fmaxf(M, P.sinks[h]);
     float L = 0.f;
     if (M != -INFINITY) {
         for (int k = 0; k < ns; k++) {
-            const float mk = __ldcg(&P.ws_ml[2 * (part0 + k)]);
-            if (mk != -INFINITY) L += __ldcg(&P.ws_ml[2 * (part0 + k) + 1]) * expf(mk - M);
+            const float mk = P.ws_ml[2 * (part0 + k)];
+            if (mk != -INFINITY) L += P.ws_ml[2 * (part0 + k) + 1] * expf(mk - M);
         }
         if (P.has_sinks) L += expf(P.sinks[h] - M);
     }
     const bool empty = L == 0.f; /* a NaN sum (poisoned row) is stored as NaN */
     const float inv = empty ? 0.f : 1.f / L;
-    const int64_t obase = t * P.out_rs + (int64_t)h * D;
+    const int64_t obase = token * P.out_rs + (int64_t)h * D;
     for (int d = (int)threadIdx.x; d < D; d += blockDim.x) {
         float o = 0.f;
         if (!empty) {
             for (int k = 0; k < ns; k++) {
-                const float mk = __ldcg(&P.ws_ml[2 * (part0 + k)]);
-                if (mk != -INFINITY) o += __ldcg(&P.ws_acc[(part0 + k) * D + d]) * expf(mk - M);
+                const float mk = P.ws_ml[2 * (part0 + k)];
+                if (mk != -INFINITY) o += P.ws_acc[(part0 + k) * D + d] * expf(mk - M);
             }
         }
         pa_cu_store(P.out_dtype, P.out, obase + d, o * inv);
     }
-    if (P.lse && threadIdx.x == 0) P.lse[t * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : M + logf(L);
-}
-
-__global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa_cu_attn_params P)
-{
-    const pa_cu_comb cb = P.comb[blockIdx.x];
-    combine_one(P, cb.seq, cb.token, (int)blockIdx.y);
+    if (P.lse && threadIdx.x == 0)
+        P.lse[token * P.lse_ts + (int64_t)h * P.lse_hs] = empty ? -INFINITY : M + logf(L);
 }
 
 /* ---- tensor-core tiles (long queries; PAGEDATTN_CUDA_MMA=0 turns them off) -------------------
@@ -1385,44 +1378,15 @@ __device__ void dec_merge_store(const pa_cu_attn_params &P, float (*acc)[NR][S],
  * resident side by side are one KV head's items; with dec_hfast it is one dimension with the KV
  * head fastest, so the blocks of one item's KV heads run side by side and read neighbouring
  * bytes of the same cache rows (NHD: a token's heads are adjacent) at about the same time. */
-__device__ __forceinline__ pa_cu_item dec_block(const pa_cu_attn_params &P, int *hk, int64_t *index = nullptr)
+__device__ __forceinline__ pa_cu_item dec_block(const pa_cu_attn_params &P, int *hk)
 {
-    int64_t i = blockIdx.x;
-    *hk = (int)blockIdx.y;
     if (P.dec_hfast) {
         const unsigned b = blockIdx.x, n = (unsigned)P.num_kv_heads;
         *hk = (int)(b % n);
-        i = b / n;
+        return P.items[b / n];
     }
-    if (index) *index = i;
-    return P.items[i];
-}
-
-/* The fused split combine (PAGEDATTN_CUDA_COMBINE=fused) at the end of a split decode tile's
- * block, after its partials are stored: the block counts itself in at the tile's counter (item
- * `first` = the tile's split 0, KV head hk), and the last of the tile's ns blocks merges every
- * row of the tile in split order (combine_one: the combine kernel's arithmetic, so the same
- * bits) and resets the counter for the next forward. The classic pattern: each block's stores,
- * a fence, then the atomic; the last block fences again before it reads. */
-__device__ void dec_fused_combine(const pa_cu_attn_params &P, int64_t first, int hk, int s, int64_t row0, int nr, int ns)
-{
-    PA_CU_STATIC_SMEM int sh_last;
-    __threadfence(); /* this block's partials before its count */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int32_t *cnt = P.ws_cnt + first * P.num_kv_heads + hk;
-        const int done = atomicAdd(cnt, 1);
-        sh_last = done == ns - 1;
-        if (sh_last) atomicExch(cnt, 0); /* every block of the tile has counted: ready for the next forward */
-    }
-    __syncthreads();
-    if (!sh_last) return;
-    __threadfence(); /* the other blocks' partials after their counts */
-    const int G = P.group;
-    for (int r = 0; r < nr; r++) {
-        const int64_t row = row0 + r, t = row / G;
-        combine_one(P, s, (int)t, hk * G + (int)(row - t * G));
-    }
+    *hk = (int)blockIdx.y;
+    return P.items[blockIdx.x];
 }
 
 template <int D, int CD>
@@ -1859,8 +1823,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     PA_CU_STATIC_SMEM float sh_fin[8][2];
 
     int hk;
-    int64_t item_index;
-    const pa_cu_item it = dec_block(P, &hk, &item_index);
+    const pa_cu_item it = dec_block(P, &hk);
     const int G = P.group, s = it.seq;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t q0 = P.qstart[s], qlen = P.qstart[s + 1] - q0, nrows = qlen * G;
@@ -2135,7 +2098,6 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     }
     __syncthreads();
     dec_merge_store<D, NW, 8, AS>(P, sh_acc, sh_w, sh_l, sh_fin, nr, it.row0, hk, s, q0, ns, it.split);
-    if (P.dec_fused && ns > 1) dec_fused_combine(P, item_index - it.split, hk, s, it.row0, nr, ns);
 }
 
 /* The decode kernel for (head size, cache dtype), or NULL when it has none. */
@@ -2179,15 +2141,14 @@ dec_fn dec_pick_mma(int variant, int cd, bool qbf)
 /* The decode kernel of a layer and cache (never of a batch): tensor cores when q and the cache
  * share a 16-bit dtype, or over an fp8 cache with f16 or bf16 q whose rows start 16-byte
  * aligned (al16: block, token and head strides); else the SIMT decode kernel. */
-dec_fn dec_pick(int head_size, int cd, int qd, int variant, bool al16, bool *tensor_cores)
+dec_fn dec_pick(int head_size, int cd, int qd, int variant, bool al16)
 {
     const bool f8 = cd == PA_DTYPE_FP8_E4M3 || cd == PA_DTYPE_FP8_E5M2;
     const bool mma16 = qd == cd && (cd == PA_DTYPE_F16 || cd == PA_DTYPE_BF16);
     const bool mma8 = f8 && al16 && (qd == PA_DTYPE_F16 || qd == PA_DTYPE_BF16);
-    *tensor_cores = variant != PA_CU_DEC_SIMT && (mma16 || mma8) && (head_size == 64 || head_size == 128);
-    if (*tensor_cores) {
+    if (variant != PA_CU_DEC_SIMT && (mma16 || mma8)) {
         if (head_size == 64) return dec_pick_mma<64>(variant, cd, qd == PA_DTYPE_BF16);
-        return dec_pick_mma<128>(variant, cd, qd == PA_DTYPE_BF16);
+        if (head_size == 128) return dec_pick_mma<128>(variant, cd, qd == PA_DTYPE_BF16);
     }
     switch (head_size) {
     case 64: return dec_pick_dtype<64>(cd);
@@ -2282,15 +2243,10 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
      * it has the head size and cache dtype; a property of the layer and cache, never of the
      * batch, so a sequence's bits never depend on what else is in the batch. */
     const bool from_cache = p->attn_type == PA_ATTN_DECODER || p->attn_type == PA_ATTN_ENCODER_DECODER;
-    bool dec_tc = false; /* the decode kernel is the tensor-core one */
     const dec_fn dec = from_cache && p->vec8 && p->tables && ctx->decode_variant != PA_CU_DEC_OFF
                            ? dec_pick(p->head_size, p->cache_dtype, p->q_dtype, ctx->decode_variant,
-                                      p->c_block % 16 == 0 && p->c_token % 16 == 0 && p->c_head % 16 == 0,
-                                      &dec_tc)
+                                      p->c_block % 16 == 0 && p->c_token % 16 == 0 && p->c_head % 16 == 0)
                            : nullptr;
-    /* the fused combine: the tensor-core decode kernel merges the splits itself (every split
-     * item is a short-query item, and those all go to `dec` when there is one) */
-    const bool fused = dec && dec_tc && ctx->fused_combine && p->ws_cnt;
     const int64_t n_dec = dec ? plan->num_small : 0;
     const pa_cu_item *simt_items = plan->items + n_dec;
     const int64_t n_simt = (mma ? plan->num_small : plan->num_items) - n_dec;
@@ -2301,7 +2257,6 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pa_cu_attn_params pd = *p;
         pd.items = plan->small_items;
         pd.dec_hfast = ctx->dec_heads_fast && n_dec * p->num_kv_heads <= INT32_MAX;
-        pd.dec_fused = fused;
         dim3 grid = pd.dec_hfast ? dim3((unsigned)(n_dec * p->num_kv_heads)) : dim3((unsigned)n_dec, (unsigned)p->num_kv_heads);
         PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
@@ -2333,7 +2288,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         }
         PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }
-    if (plan->num_comb > 0 && !fused) {
+    if (plan->num_comb > 0) {
         dim3 grid((unsigned)plan->num_comb, (unsigned)p->num_heads);
         PA_CU_LAUNCH(combine_kernel, grid, 128, 0, ctx->stream, *p);
         PA_CU_CHECK_LAUNCH("split-combine kernel");

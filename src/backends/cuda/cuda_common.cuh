@@ -151,8 +151,6 @@ typedef struct pa_cu_ctx {
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
     bool dec_heads_fast; /* decode blocks ordered KV head fastest (PAGEDATTN_CUDA_DEC_ORDER=items: not) */
-    bool fused_combine;  /* split decodes merged by the tensor-core decode kernel's last block of
-                          * each tile (PAGEDATTN_CUDA_COMBINE=fused) instead of combine_kernel */
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
 } pa_cu_ctx;
 
@@ -227,8 +225,6 @@ typedef struct pa_cu_plan {
     const pa_cu_comb *comb;
     int64_t num_comb;
     float *ws; /* partial results: acc [parts * head_size] then (m, l) [parts * 2] */
-    int32_t *ws_cnt; /* after them: per (short-query item, KV head), split blocks finished (the
-                      * fused combine; zero between forwards: the last block resets its count) */
     int64_t num_parts;
     size_t smem_bytes;
 } pa_cu_plan;
@@ -288,8 +284,6 @@ typedef struct pa_cu_attn_params {
     const pa_cu_item *items;
     const pa_cu_comb *comb;
     float *ws_acc, *ws_ml;
-    int32_t *ws_cnt;   /* see pa_cu_plan */
-    int32_t dec_fused; /* the tensor-core decode merges its tiles' splits (see dec_fused_combine) */
     float alibi[PA_CU_MAXH];
     float sinks[PA_CU_MAXH];
     int32_t bs_off[PA_CU_MAXH];

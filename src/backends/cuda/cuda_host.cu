@@ -144,11 +144,6 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
          * 64 x 4096 bf16), or each KV head's items side by side (A/B) */
         const char *order = getenv("PAGEDATTN_CUDA_DEC_ORDER");
         ctx->dec_heads_fast = !(order && !strcmp(order, "items"));
-        /* PAGEDATTN_CUDA_COMBINE=fused: the tensor-core decode kernel merges its split tiles
-         * itself (the last of a tile's split blocks, in split order: the same bits as the
-         * combine kernel); unset or kernel: combine_kernel after the decode kernel (A/B) */
-        const char *comb = getenv("PAGEDATTN_CUDA_COMBINE");
-        ctx->fused_combine = comb && !strcmp(comb, "fused");
         /* PAGEDATTN_CUDA_PREFILL: the tensor-core prefill kernel (A/B runs; PA_CU_PF_* order) */
         static const char *const pnames[PA_CU_PF_COUNT] = {"fa", "fa-ldg", "ldm", "fa-st", "fa32"};
         const char *pf = getenv("PAGEDATTN_CUDA_PREFILL");
@@ -431,14 +426,8 @@ pa_status pa__cuda_plan_create(void *impl, const struct pa_layer *layer,
 
     cudaError_t e = cudaSetDevice(ctx->device);
     if (e == cudaSuccess) e = cudaMalloc(&p->dmem, total);
-    /* the partials, then one split counter per (short-query item, KV head), zeroed here once */
-    const size_t ws_floats = (size_t)parts_total * (size_t)(D + 2);
-    const size_t cnt_bytes = (size_t)num_small * (size_t)c->num_kv_heads * sizeof(int32_t);
-    if (e == cudaSuccess && parts_total > 0) e = cudaMalloc((void **)&p->ws, ws_floats * sizeof(float) + cnt_bytes);
-    if (e == cudaSuccess && parts_total > 0) {
-        p->ws_cnt = (int32_t *)(p->ws + ws_floats);
-        e = cudaMemsetAsync(p->ws_cnt, 0, cnt_bytes, ctx->stream);
-    }
+    if (e == cudaSuccess && parts_total > 0)
+        e = cudaMalloc((void **)&p->ws, (size_t)parts_total * (size_t)(D + 2) * sizeof(float));
     /* Stream-ordered upload: the context's non-blocking stream does not wait for the legacy
      * default stream, and a plain cudaMemcpy from pageable memory may return before its DMA
      * lands, so kernels on ctx->stream could read the metadata half-written (seen on an H200:
@@ -600,7 +589,6 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
         P.comb = p->comb;
         P.ws_acc = p->ws;
         P.ws_ml = p->ws ? p->ws + (size_t)p->num_parts * (size_t)c->head_size : NULL;
-        P.ws_cnt = p->ws_cnt;
         const int nh = c->num_heads < PA_CU_MAXH ? c->num_heads : PA_CU_MAXH;
         for (int h = 0; h < nh; h++) {
             if (L->alibi) P.alibi[h] = L->alibi[h];

@@ -102,10 +102,6 @@ done
 # default puts a work item's KV heads side by side), alone and with simt
 PAGEDATTN_CUDA_DEC_ORDER=items step grid_items 150 "$T/test_cuda_grid" "decoder" &
 PAGEDATTN_CUDA_DEC_ORDER=items step splits_items 90 "$T/test_cuda_splits" &
-# split decodes merged by the decode kernel's last block per tile (PAGEDATTN_CUDA_COMBINE=fused)
-PAGEDATTN_CUDA_COMBINE=fused step grid_fused 150 "$T/test_cuda_grid" "decoder" &
-PAGEDATTN_CUDA_COMBINE=fused PAGEDATTN_CUDA_DEC_ORDER=items step grid_fused_items 150 "$T/test_cuda_grid" "decoder" &
-PAGEDATTN_CUDA_COMBINE=fused PAGEDATTN_CUDA_SWEEP="0x5EED 120" step sweep_fused 150 "$T/test_cuda_grid" "(no grid case)" &
 PAGEDATTN_CUDA_DEC_ORDER=items PAGEDATTN_CUDA_DECODE=simt step grid_items_simt 150 "$T/test_cuda_grid" "decoder" &
 # every prefill kernel variant (PAGEDATTN_CUDA_PREFILL; the default is fa) on the whole grid
 for v in fa-ldg fa-st fa32 ldm; do
@@ -145,9 +141,6 @@ if [ -n "$SAN" ]; then
     step racecheck_nonfin 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "nonfinite" &
     PAGEDATTN_CUDA_DECODE=simt step memcheck_decsimt 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     PAGEDATTN_CUDA_DEC_ORDER=items step memcheck_dec_items 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_COMBINE=fused step memcheck_dec_fused 150 "$SAN" --tool memcheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_COMBINE=fused step racecheck_dec_fused 150 "$SAN" --tool racecheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
-    PAGEDATTN_CUDA_COMBINE=fused step synccheck_dec_fused 150 "$SAN" --tool synccheck --error-exitcode 1 "$T/test_cuda_grid" "decode/" &
     wait
 else
     echo "compute-sanitizer not found" >"$LOGS/sanitizer.log"
@@ -182,7 +175,7 @@ step bench 120 "$CLI" bench --backend cuda
 # decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
 # opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
 # commit); default: the kernel variants, block order, cache layout and split lengths
-DEC_AB=${DEC_AB:-"base= fused=PAGEDATTN_CUDA_COMBINE=fused items=PAGEDATTN_CUDA_DEC_ORDER=items hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
+DEC_AB=${DEC_AB:-"base= items=PAGEDATTN_CUDA_DEC_ORDER=items hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
 s1536=PAGEDATTN_CUDA_SPLIT_KEYS=1536"}
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift

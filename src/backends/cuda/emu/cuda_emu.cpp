@@ -256,11 +256,6 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
     memset(p, v, n);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
-{
-    memset(p, v, n);
-    return cudaSuccess;
-}
 cudaError_t cudaGetLastError(void)
 {
     cudaError_t e = last_error;

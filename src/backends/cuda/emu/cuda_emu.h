@@ -103,26 +103,6 @@ static inline float __uint_as_float(unsigned x)
     memcpy(&f, &x, 4);
     return f;
 }
-/* Atomics, fences and cache-hinted loads: blocks run one after another on one OS thread, so
- * plain operations (the emulator cannot check the memory model; see the top of this file). */
-static inline int atomicAdd(int *p, int v)
-{
-    const int o = *p;
-    *p = o + v;
-    return o;
-}
-static inline int atomicExch(int *p, int v)
-{
-    const int o = *p;
-    *p = v;
-    return o;
-}
-static inline void __threadfence() {}
-template <typename T>
-static inline T __ldcg(const T *p)
-{
-    return *p;
-}
 static inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
