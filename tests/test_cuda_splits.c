@@ -146,9 +146,10 @@ int main(void)
         kp[i] = pa_f32_to_bf16(frand());
         vp[i] = pa_f32_to_bf16(frand());
     }
-    /* decode 3000 keys (6 splits), decode 1300 (3 splits), prefill 20, spec-decode 40+3,
-     * decode 9000 (18 splits; window 2500 leaves most splits empty) */
-    const sdesc all[] = {{2999, 1, 0, 0}, {1299, 1, 0, 1}, {0, 20, 1, 2}, {40, 3, 0, 3}, {8999, 1, 0, 4}};
+    /* with the default 704-key rule: decode 4225 keys (6 splits of 736, the last 545, where
+     * pieces of 704 would leave one of 1 key), decode 1500 (2 splits of 768 and 732), prefill 20,
+     * spec-decode 40+3, decode 9000 (13 splits of 704; window 2500 leaves most splits empty) */
+    const sdesc all[] = {{4224, 1, 0, 0}, {1499, 1, 0, 1}, {0, 20, 1, 2}, {40, 3, 0, 3}, {8999, 1, 0, 4}};
     pa_context *cctx = NULL, *rctx = NULL;
     CHECK_OK(pa_context_create(cuda, NULL, &cctx));
     CHECK_OK(pa_context_create(pa_backend_find("reference"), NULL, &rctx));

@@ -5,7 +5,8 @@
  *             limit for decode (KV bytes read / time as a fraction of it).
  *   decode  : batch 64 x context 4096, 32 query / 8 KV heads x 128, block 16, NHD (or --layout
  *             hnd), the blocks of all sequences a random permutation of the pool, KV in bf16,
- *             f16 and fp8 e4m3.
+ *             f16 and fp8 e4m3; then bf16 decodes that fill the GPU less: one sequence of
+ *             32768 keys, and 8 x 4096.
  *   prefill : one 4096-token causal prompt, same heads, bf16: FLOP/s with the causal half
  *             counted (4 * S(S+1)/2 * D * H), beside SDPA (flash) on the same shape, run through
  *             `python3` when it has torch with CUDA (the ratio is time-equivalent throughput).
@@ -353,16 +354,24 @@ int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int
         printf("{\"device\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", prop.name, copy_bw / 1e9);
     }
     const int B = quick ? 8 : 64, C = quick ? 1023 : 4095, S = quick ? 512 : 4096;
-    static const pa_dtype kvd[] = {PA_DTYPE_BF16, PA_DTYPE_F16, PA_DTYPE_FP8_E4M3};
+    /* the target's batch in three KV dtypes, then bf16 decodes that fill the GPU less: a lone
+     * long sequence (its splits are all the blocks there are) and a batch of 8 */
+    static const struct {
+        int lone;
+        pa_dtype dt;
+    } dcase[] = {{0, PA_DTYPE_BF16}, {0, PA_DTYPE_F16}, {0, PA_DTYPE_FP8_E4M3}, {1, PA_DTYPE_BF16}, {2, PA_DTYPE_BF16}};
+    const int ndec = (int)(sizeof dcase / sizeof dcase[0]);
     int fails = 0, nres = 0;
     double prefill_ms = -1, prefill_tflops = 0;
-    for (int i = 0; i < 4; i++) {
-        const int decode = i < 3;
+    for (int i = 0; i <= ndec; i++) {
+        const int decode = i < ndec;
         if (filter && !strstr(decode ? "decode" : "prefill", filter)) continue;
-        const attn_result R = decode ? run_attn(ctx, stream, B, C, 1, kvd[i], repeats, lay)
+        const int nb = !decode ? 1 : dcase[i].lone == 1 ? 1 : dcase[i].lone == 2 ? 8 : B;
+        const int nc = decode && dcase[i].lone == 1 ? (quick ? 8191 : 32767) : C;
+        const attn_result R = decode ? run_attn(ctx, stream, nb, nc, 1, dcase[i].dt, repeats, lay)
                                      : run_attn(ctx, stream, 1, 0, S, PA_DTYPE_BF16, repeats, lay);
         char name[64];
-        if (decode) snprintf(name, sizeof name, "decode %d x %d, KV %s", B, C + 1, pa_dtype_name(kvd[i]));
+        if (decode) snprintf(name, sizeof name, "decode %d x %d, KV %s", nb, nc + 1, pa_dtype_name(dcase[i].dt));
         else snprintf(name, sizeof name, "prefill %d causal bf16", S);
         const double gbs = R.kv_bytes / (R.t.med * 1e-3) / 1e9, tfl = R.flops / (R.t.med * 1e-3) / 1e12;
         const double frac = decode ? gbs * 1e9 / copy_bw : 0;

@@ -20,8 +20,9 @@
  *   changes nothing in that row bit for bit (alpha = exp(0) = 1, zero added), so a row's result
  *   does not depend on which tile (and which other rows) it shares a block with.
  *
- *   Decode-like sequences (query_len <= 16) with more than 512 keys are split into pieces of
- *   512 keys (flash-decoding); the pieces' (m, l, acc) go to the plan's workspace and the
+ *   Decode-like sequences (query_len <= 16) with more than twice PA_CU_SPLIT_KEYS (704) keys
+ *   are split into pieces of about that many (flash-decoding; the rule is in cuda_common.cuh);
+ *   the pieces' (m, l, acc) go to the plan's workspace and the
  *   combine kernel merges them in split order. The split rule is a function of the sequence's
  *   own lengths, so the output is bitwise independent of the batch around it. Sinks are added
  *   once, at the end (finalize or combine).
@@ -176,6 +177,7 @@ template <int NI>
 __global__ void __launch_bounds__(PA_CU_WARPS * 32)
     attn_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     PA_CU_DYN_SMEM(float, smem);
     const int D = P.head_size;
     float *Ks = smem;                                 /* [KCHUNK][D + 1] */
@@ -369,6 +371,7 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
 /* Merges the splits of one (token, head) in split order; grid (num_comb, num_heads). */
 __global__ void __launch_bounds__(128) combine_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     const pa_cu_comb cb = P.comb[blockIdx.x];
     const int h = (int)blockIdx.y;
     const int s = cb.seq;
@@ -696,6 +699,7 @@ __device__ bool masked_v_nonfinite16(const pa_cu_attn_params &P, const int32_t *
 template <int D>
 __global__ void __launch_bounds__(256) attn_mma_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     constexpr int KS = D + 8; /* shared row stride in 16-bit elements (bank spread) */
     PA_CU_STATIC_SMEM __align__(16) uint16_t Ksh[2][PA_CU_KCHUNK * KS]; /* double-buffered */
     PA_CU_STATIC_SMEM __align__(16) uint16_t Vsh[2][PA_CU_KCHUNK * KS];
@@ -924,6 +928,7 @@ constexpr int FA_BN = 32;
 template <int D, bool BF, bool FEAT, int TBM, int BN = FA_BN>
 __global__ void __launch_bounds__(128) attn_fa_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     constexpr bool TB = TBM == 1;
     constexpr int KS = D + 8;  /* shared row stride in 16-bit elements (bank spread, 16-byte rows) */
     constexpr int NT = BN / 8; /* 8-key score tiles per chunk */
@@ -1392,6 +1397,7 @@ __device__ __forceinline__ pa_cu_item dec_block(const pa_cu_attn_params &P, int 
 template <int D, int CD>
 __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     constexpr int L = D / 8;                /* lanes per key row */
     constexpr int KS = DEC_THREADS / L;     /* key streams */
     constexpr int STEP = KS * DEC_U;        /* keys per block step */
@@ -1801,6 +1807,7 @@ __device__ __forceinline__ void dec_p_frag(const uint16_t (&p)[4], int srcA, int
 template <int D, int CD, int MINB, bool QB = CD == PA_DTYPE_BF16>
 __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __grid_constant__ pa_cu_attn_params P)
 {
+    pa_cu_pdl_begin();
     constexpr int NT = D / 8;  /* real dims per lane group g in P V */
     constexpr int MT = D / 16; /* O^T m-tiles */
     constexpr int KC = D / 32; /* 16-byte K loads per key row */
@@ -2258,14 +2265,14 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pd.items = plan->small_items;
         pd.dec_hfast = ctx->dec_heads_fast && n_dec * p->num_kv_heads <= INT32_MAX;
         dim3 grid = pd.dec_hfast ? dim3((unsigned)(n_dec * p->num_kv_heads)) : dim3((unsigned)n_dec, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH(dec, grid, DEC_THREADS, 0, ctx->stream, pd);
+        PA_CU_LAUNCH_PDL(ctx->pdl, dec, grid, DEC_THREADS, 0, ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
     }
     if (n_simt > 0) {
         pa_cu_attn_params ps = *p;
         ps.items = simt_items;
         dim3 grid((unsigned)n_simt, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH(b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
+        PA_CU_LAUNCH_PDL(ctx->pdl, b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
         PA_CU_CHECK_LAUNCH("attention kernel");
     }
     if (mma && plan->num_mitems > 0) {
@@ -2280,17 +2287,17 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         if (fc.smem > ctx->smem_optin) fc = fa_choose(p->head_size, bf, fa_feat(p), PA_CU_PF_FA32);
         if (v != PA_CU_PF_LDM && p->vec8 && fc.smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            PA_CU_LAUNCH(fc.fn, grid, 128, fc.smem, ctx->stream, pm);
+            PA_CU_LAUNCH_PDL(ctx->pdl, fc.fn, grid, 128, fc.smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */
-            if (p->head_size == 64) PA_CU_LAUNCH((attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);
-            else PA_CU_LAUNCH((attn_mma_kernel<128>), grid, 256, 0, ctx->stream, pm);
+            if (p->head_size == 64) PA_CU_LAUNCH_PDL(ctx->pdl, (attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);
+            else PA_CU_LAUNCH_PDL(ctx->pdl, (attn_mma_kernel<128>), grid, 256, 0, ctx->stream, pm);
         }
         PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }
     if (plan->num_comb > 0) {
         dim3 grid((unsigned)plan->num_comb, (unsigned)p->num_heads);
-        PA_CU_LAUNCH(combine_kernel, grid, 128, 0, ctx->stream, *p);
+        PA_CU_LAUNCH_PDL(ctx->pdl, combine_kernel, grid, 128, 0, ctx->stream, *p);
         PA_CU_CHECK_LAUNCH("split-combine kernel");
     }
     return PA_STATUS_OK;

@@ -22,7 +22,46 @@
       kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #  define PA_CU_DYN_SMEM(type, name) extern __shared__ type name[]
 #  define PA_CU_STATIC_SMEM __shared__
+/* PA_CU_LAUNCH_PDL: the launch of a kernel of a forward; with `pdl`, programmatic dependent
+ * launch (sm_90): the kernel's blocks may start while the kernel before it on the stream still
+ * runs its last blocks, and wait in pa_cu_pdl_begin() for that kernel's end and memory. Every
+ * kernel launched so begins with pa_cu_pdl_begin(). Returns DEVICE_ERROR from the enclosing
+ * function when the launch is refused. */
+#  define PA_CU_LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...)                 \
+      do {                                                                                    \
+          if (pdl_) {                                                                         \
+              cudaLaunchAttribute pa_cu_at_[1];                                               \
+              pa_cu_at_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;           \
+              pa_cu_at_[0].val.programmaticStreamSerializationAllowed = 1;                    \
+              cudaLaunchConfig_t pa_cu_cfg_ = {};                                             \
+              pa_cu_cfg_.gridDim = dim3(grid_);                                               \
+              pa_cu_cfg_.blockDim = dim3(block_);                                             \
+              pa_cu_cfg_.dynamicSmemBytes = (smem_);                                          \
+              pa_cu_cfg_.stream = (stream_);                                                  \
+              pa_cu_cfg_.attrs = pa_cu_at_;                                                   \
+              pa_cu_cfg_.numAttrs = 1;                                                        \
+              const cudaError_t pa_cu_le_ = cudaLaunchKernelEx(&pa_cu_cfg_, kernel_, __VA_ARGS__); \
+              if (pa_cu_le_ != cudaSuccess)                                                   \
+                  return pa__fail(PA_STATUS_DEVICE_ERROR, "cuda: launch of %s refused: %s",   \
+                                  #kernel_, cudaGetErrorString(pa_cu_le_));                   \
+          } else {                                                                            \
+              PA_CU_LAUNCH(kernel_, grid_, block_, smem_, stream_, __VA_ARGS__);              \
+          }                                                                                   \
+      } while (0)
 #endif
+
+/* The first statement of every kernel a forward launches (see PA_CU_LAUNCH_PDL): lets the next
+ * kernel on the stream launch (its blocks then wait here in turn; they take the SMs only as
+ * this kernel's last blocks leave them), then waits until the kernel before this one has ended
+ * and its writes are visible. Nothing of global memory is touched before it. Without a
+ * programmatic launch (or before sm_90) both are no-ops. */
+__device__ __forceinline__ void pa_cu_pdl_begin()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
@@ -149,9 +188,10 @@ typedef struct pa_cu_ctx {
     size_t scratch_host_cap;
     bool use_mma; /* tensor-core prefill tiles (PAGEDATTN_CUDA_MMA=0 at context creation: off) */
     int decode_variant; /* PA_CU_DEC_*: PAGEDATTN_CUDA_DECODE at context creation */
-    int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default 512) */
+    int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default PA_CU_SPLIT_KEYS) */
     bool dec_heads_fast; /* decode blocks ordered KV head fastest (PAGEDATTN_CUDA_DEC_ORDER=items: not) */
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
+    bool pdl; /* a forward's kernels by programmatic dependent launch (sm_90+; PAGEDATTN_CUDA_PDL=0: not) */
 } pa_cu_ctx;
 
 /* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL, for A/B runs; names in this order):
@@ -237,11 +277,19 @@ typedef struct pa_cu_plan {
 #define PA_CU_KCHUNK 32
 #define PA_CU_MMA_ROWS 128 /* tensor-core prefill tile rows */
 #define PA_CU_MAXH 256 /* heads with per-head data (ALiBi, sinks, block-sparse) */
-/* Split rule for decode-like sequences (query_len <= PA_CU_SPLIT_MAX_Q): keys are split into
- * pieces of PA_CU_SPLIT_KEYS (at most PA_CU_MAX_SPLITS pieces, longer pieces beyond), a
- * function of the sequence's own lengths only, so results never depend on the batch. */
+/* Split rule for decode-like sequences (query_len <= PA_CU_SPLIT_MAX_Q) longer than twice
+ * PA_CU_SPLIT_KEYS: as many pieces as PA_CU_SPLIT_KEYS goes into the keys, to the nearest (at
+ * most PA_CU_MAX_SPLITS), of equal length rounded up to whole PA_CU_KCHUNK chunks (the last
+ * piece the rest); a function of the sequence's own lengths only, so results never depend on
+ * the batch. The length trades per-block work (each piece's block loads its queries, stores
+ * its partials, and the combine kernel reads them) against blocks to spread over the SMs for a
+ * lone long decode: 704 on an H200 (2026-11-29, decode 64 x 4096 bf16, forward median, share of
+ * the copy bandwidth: 512 -> 8 pieces 77.1%, 640 and 704 -> 6 pieces 82.0%, 768-896 -> 5 pieces
+ * 81.6%, 1024 -> 4 pieces 79.6%, 1280 -> 3 pieces 87.2%; 1280 is not taken: a lone 32 K-key
+ * decode would then fill 208 of the 396 decode-block slots, at 704 it fills 376).
+ * (PAGEDATTN_CUDA_SPLIT_KEYS sets another length for A/B runs.) */
 #define PA_CU_SPLIT_MAX_Q 16
-#define PA_CU_SPLIT_KEYS 512
+#define PA_CU_SPLIT_KEYS 704
 #define PA_CU_MAX_SPLITS 64
 
 static inline size_t pa_cu_attn_smem(int head_size)
@@ -295,7 +343,7 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
                             const pa_cu_attn_params *p);
 
 /* Launchers (cuda_ops.cu). slots/pairs are device arrays. */
-pa_status pa_cu_launch_cache_write(cudaStream_t stream, const pa_cache *c, int src_dtype,
+pa_status pa_cu_launch_cache_write(cudaStream_t stream, bool pdl, const pa_cache *c, int src_dtype,
                                    const void *key, int64_t k_rs, const void *value, int64_t v_rs,
                                    const int64_t *slots_dev, int64_t n, float k_scale,
                                    float v_scale);

@@ -150,6 +150,10 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         ctx->prefill_variant = PA_CU_PF_FA;
         for (int i = 0; pf && i < (int)(sizeof pnames / sizeof pnames[0]); i++)
             if (!strcmp(pf, pnames[i])) ctx->prefill_variant = i;
+        /* PAGEDATTN_CUDA_PDL=0: a forward's kernels by plain launches (A/B); else by
+         * programmatic dependent launch where the device has it (sm_90+) */
+        const char *pdl = getenv("PAGEDATTN_CUDA_PDL");
+        ctx->pdl = prop.major >= 9 && !(pdl && pdl[0] == '0');
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -234,13 +238,15 @@ static void split_rule(int64_t qlen, int64_t kv_len, int64_t split_keys, int32_t
         *sl = 0;
         return;
     }
-    int64_t len = split_keys;
-    int64_t n = (kv_len + len - 1) / len;
-    if (n > PA_CU_MAX_SPLITS) {
-        len = (kv_len + PA_CU_MAX_SPLITS - 1) / PA_CU_MAX_SPLITS;
-        len = (len + PA_CU_KCHUNK - 1) / PA_CU_KCHUNK * PA_CU_KCHUNK;
-        n = (kv_len + len - 1) / len;
-    }
+    /* the count nearest kv_len / split_keys (at least 2 here), then equal pieces rounded up to
+     * whole chunks: no piece of a few keys past a multiple of split_keys (4097 keys: 8 pieces
+     * of 544, not 8 of 512 and one of 1, whose block would cost a whole block's prologue,
+     * epilogue and partials for one key) */
+    int64_t n = (kv_len + split_keys / 2) / split_keys;
+    if (n > PA_CU_MAX_SPLITS) n = PA_CU_MAX_SPLITS;
+    int64_t len = (kv_len + n - 1) / n;
+    len = (len + PA_CU_KCHUNK - 1) / PA_CU_KCHUNK * PA_CU_KCHUNK;
+    n = (kv_len + len - 1) / len;
     *ns = (int32_t)n;
     *sl = (int32_t)len;
 }
@@ -523,7 +529,7 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
 
     /* 1. New K/V into the (cross) cache. */
     if (f->write_kv && cached && a->cache && p->slots) {
-        st = pa_cu_launch_cache_write(ctx->stream, a->cache, (int)c->kv_dtype, a->k, a->k_row_stride,
+        st = pa_cu_launch_cache_write(ctx->stream, ctx->pdl, a->cache, (int)c->kv_dtype, a->k, a->k_row_stride,
                                       a->v, a->v_row_stride, p->slots, p->num_slots, ks, vs);
         if (st != PA_STATUS_OK) goto done;
     }
@@ -636,7 +642,7 @@ pa_status pa__cuda_cache_write(void *impl, const pa_cache *c, pa_dtype src_dtype
     pa_status st = upload_scratch(ctx, slots, (size_t)n * sizeof(int64_t), &dslots);
     if (st != PA_STATUS_OK) return st;
     const bool fp8 = pa__dtype_is_fp8(c->dtype);
-    return pa_cu_launch_cache_write(ctx->stream, c, (int)src_dtype, key, k_row_stride, value,
+    return pa_cu_launch_cache_write(ctx->stream, ctx->pdl, c, (int)src_dtype, key, k_row_stride, value,
                                     v_row_stride, (const int64_t *)dslots, n,
                                     fp8 ? k_scale : 1.f, fp8 ? v_scale : 1.f);
 }

@@ -29,6 +29,7 @@ __global__ void cache_write_kernel(cache_geom g, int cache_dtype, void *kc, void
                                    const void *value, int64_t v_rs, const int64_t *slots,
                                    int64_t n, float k_scale, float v_scale)
 {
+    pa_cu_pdl_begin();
     const bool fp8 = cache_dtype == PA_DTYPE_FP8_E4M3 || cache_dtype == PA_DTYPE_FP8_E5M2;
     const int hd = g.heads * g.dim;
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -113,14 +114,14 @@ int threads_for(int64_t elems)
 
 } // namespace
 
-pa_status pa_cu_launch_cache_write(cudaStream_t stream, const pa_cache *c, int src_dtype,
+pa_status pa_cu_launch_cache_write(cudaStream_t stream, bool pdl, const pa_cache *c, int src_dtype,
                                    const void *key, int64_t k_rs, const void *value, int64_t v_rs,
                                    const int64_t *slots_dev, int64_t n, float k_scale,
                                    float v_scale)
 {
     if (n <= 0) return PA_STATUS_OK;
     const cache_geom g = geom_of(c);
-    PA_CU_LAUNCH(cache_write_kernel, grid_for(n), threads_for((int64_t)g.heads * g.dim), 0, stream,
+    PA_CU_LAUNCH_PDL(pdl, cache_write_kernel, grid_for(n), threads_for((int64_t)g.heads * g.dim), 0, stream,
         g, (int)c->dtype, c->key, c->value, src_dtype, key, k_rs, value, v_rs, slots_dev, n,
         k_scale, v_scale);
     PA_CU_CHECK_LAUNCH("cache write kernel");

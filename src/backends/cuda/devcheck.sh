@@ -93,6 +93,9 @@ step grid 150 "$T/test_cuda_grid" &
 step large_cache 120 "$T/test_large_cache" & # (device pools of up to 2 x 16 GiB)
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
+# a forward's kernels by plain launches instead of programmatic dependent launch
+PAGEDATTN_CUDA_PDL=0 step grid_nopdl 150 "$T/test_cuda_grid" &
+PAGEDATTN_CUDA_PDL=0 step splits_nopdl 90 "$T/test_cuda_splits" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
 for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
@@ -110,7 +113,7 @@ for v in fa-ldg fa-st fa32 ldm; do
 done
 # random cases beyond the grid, each run twice and with every sequence alone: bits must match
 PAGEDATTN_CUDA_SWEEP="0x5EED 120" step sweep 150 "$T/test_cuda_grid" "(no grid case)" &
-for k in 256 1024; do # other decode split lengths
+for k in 256 512 1024; do # other decode split lengths
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step grid_split$k 150 "$T/test_cuda_grid" "decoder" &
     PAGEDATTN_CUDA_SPLIT_KEYS=$k step splits_split$k 90 "$T/test_cuda_splits" &
 done
@@ -175,8 +178,7 @@ step bench 120 "$CLI" bench --backend cuda
 # decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
 # opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
 # commit); default: the kernel variants, block order, cache layout and split lengths
-DEC_AB=${DEC_AB:-"base= items=PAGEDATTN_CUDA_DEC_ORDER=items hnd=/--layout=hnd mmat4=PAGEDATTN_CUDA_DECODE=mmat4 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024
-s1536=PAGEDATTN_CUDA_SPLIT_KEYS=1536"}
+DEC_AB=${DEC_AB:-"base= nopdl=PAGEDATTN_CUDA_PDL=0 items=PAGEDATTN_CUDA_DEC_ORDER=items s512=PAGEDATTN_CUDA_SPLIT_KEYS=512 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1280=PAGEDATTN_CUDA_SPLIT_KEYS=1280"}
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift
     for x in "$@"; do

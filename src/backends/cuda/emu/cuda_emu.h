@@ -108,6 +108,12 @@ static inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 #define PA_CU_LAUNCH(kernel, grid, block, smem, stream, ...) \
     pa_emu::launch(dim3(grid), dim3(block), (smem), [=]() { kernel(__VA_ARGS__); })
+/* kernels run one after another: a programmatic dependent launch is a plain one */
+#define PA_CU_LAUNCH_PDL(pdl, kernel, grid, block, smem, stream, ...) \
+    do {                                                              \
+        (void)(pdl);                                                  \
+        PA_CU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__); \
+    } while (0)
 /* blocks run one after another: static storage is one block's shared memory */
 #define PA_CU_STATIC_SMEM static
 #define PA_CU_DYN_SMEM(type, name) type *name = (type *)pa_emu::g.dyn_smem
