@@ -2265,14 +2265,14 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         pd.items = plan->small_items;
         pd.dec_hfast = ctx->dec_heads_fast && n_dec * p->num_kv_heads <= INT32_MAX;
         dim3 grid = pd.dec_hfast ? dim3((unsigned)(n_dec * p->num_kv_heads)) : dim3((unsigned)n_dec, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH_PDL(ctx->pdl, dec, grid, DEC_THREADS, 0, ctx->stream, pd);
+        PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_ATTN, dec, grid, DEC_THREADS, 0, ctx->stream, pd);
         PA_CU_CHECK_LAUNCH("decode kernel");
     }
     if (n_simt > 0) {
         pa_cu_attn_params ps = *p;
         ps.items = simt_items;
         dim3 grid((unsigned)n_simt, (unsigned)p->num_kv_heads);
-        PA_CU_LAUNCH_PDL(ctx->pdl, b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
+        PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_ATTN, b->fn, grid, PA_CU_WARPS * 32, plan->smem_bytes, ctx->stream, ps);
         PA_CU_CHECK_LAUNCH("attention kernel");
     }
     if (mma && plan->num_mitems > 0) {
@@ -2287,17 +2287,17 @@ pa_status pa_cu_attn_launch(const pa_cu_ctx *ctx, const pa_cu_plan *plan,
         if (fc.smem > ctx->smem_optin) fc = fa_choose(p->head_size, bf, fa_feat(p), PA_CU_PF_FA32);
         if (v != PA_CU_PF_LDM && p->vec8 && fc.smem <= ctx->smem_optin) {
             /* FlashAttention-2 style tiles: 4 warps x 32 rows */
-            PA_CU_LAUNCH_PDL(ctx->pdl, fc.fn, grid, 128, fc.smem, ctx->stream, pm);
+            PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_ATTN, fc.fn, grid, 128, fc.smem, ctx->stream, pm);
         } else {
             /* the first tensor-core tiles: 8 warps x 16 rows */
-            if (p->head_size == 64) PA_CU_LAUNCH_PDL(ctx->pdl, (attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);
-            else PA_CU_LAUNCH_PDL(ctx->pdl, (attn_mma_kernel<128>), grid, 256, 0, ctx->stream, pm);
+            if (p->head_size == 64) PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_ATTN, (attn_mma_kernel<64>), grid, 256, 0, ctx->stream, pm);
+            else PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_ATTN, (attn_mma_kernel<128>), grid, 256, 0, ctx->stream, pm);
         }
         PA_CU_CHECK_LAUNCH("tensor-core attention kernel");
     }
     if (plan->num_comb > 0) {
         dim3 grid((unsigned)plan->num_comb, (unsigned)p->num_heads);
-        PA_CU_LAUNCH_PDL(ctx->pdl, combine_kernel, grid, 128, 0, ctx->stream, *p);
+        PA_CU_LAUNCH_PDL(ctx->pdl & PA_CU_PDL_COMB, combine_kernel, grid, 128, 0, ctx->stream, *p);
         PA_CU_CHECK_LAUNCH("split-combine kernel");
     }
     return PA_STATUS_OK;

@@ -191,7 +191,7 @@ typedef struct pa_cu_ctx {
     int split_keys;     /* keys per decode split (PAGEDATTN_CUDA_SPLIT_KEYS, default PA_CU_SPLIT_KEYS) */
     bool dec_heads_fast; /* decode blocks ordered KV head fastest (PAGEDATTN_CUDA_DEC_ORDER=items: not) */
     int prefill_variant; /* PA_CU_PF_*: PAGEDATTN_CUDA_PREFILL at context creation */
-    bool pdl; /* a forward's kernels by programmatic dependent launch (sm_90+; PAGEDATTN_CUDA_PDL=0: not) */
+    unsigned pdl; /* PA_CU_PDL_*: the launches made programmatic dependent (PAGEDATTN_CUDA_PDL) */
 } pa_cu_ctx;
 
 /* The tensor-core prefill kernels (PAGEDATTN_CUDA_PREFILL, for A/B runs; names in this order):
@@ -206,6 +206,17 @@ typedef struct pa_cu_ctx {
  * chunks with the offsets in shared memory, 0.610 against fa's 0.587 ms: removed). The fa kernels need
  * 16-byte cache loads; without them ldm runs. */
 enum { PA_CU_PF_FA, PA_CU_PF_FA_LDG, PA_CU_PF_LDM, PA_CU_PF_FA_ST, PA_CU_PF_FA32, PA_CU_PF_COUNT };
+
+/* Launches that may be programmatic dependent launches (PA_CU_LAUNCH_PDL; PAGEDATTN_CUDA_PDL
+ * letters w, a, c): the cache write, the attention kernels, the split-combine kernel. By
+ * default the attention kernels only, which then start while the cache write ends. H200,
+ * 2026-11-29, medians of two rounds, ms (none / a / all three / a and c): decode 64 x 4096 bf16
+ * 0.3101 / 0.3091 / 0.3085 / 0.3083; a lone 32768-key decode 0.0693 / 0.0680 / 0.0721 / 0.0724;
+ * 8 x 4096 0.0575 / 0.0566 / 0.0582 / 0.0584: the combine as a dependent of the decode kernel
+ * costs small decodes 3-6%, the cache write as a dependent of the kernel before it changes
+ * nothing measurable. */
+enum { PA_CU_PDL_WRITE = 1u, PA_CU_PDL_ATTN = 2u, PA_CU_PDL_COMB = 4u };
+#define PA_CU_PDL_DEFAULT PA_CU_PDL_ATTN
 
 /* The kernels short queries take (PAGEDATTN_CUDA_DECODE=off|simt|mmat|mmat4, for A/B runs; the
  * default is PA_CU_DEC_DEFAULT): off = the general SIMT kernel, simt = the decode kernel without

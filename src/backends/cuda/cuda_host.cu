@@ -150,10 +150,16 @@ pa_status pa__cuda_context_create(const pa_context_options *opt, void **impl)
         ctx->prefill_variant = PA_CU_PF_FA;
         for (int i = 0; pf && i < (int)(sizeof pnames / sizeof pnames[0]); i++)
             if (!strcmp(pf, pnames[i])) ctx->prefill_variant = i;
-        /* PAGEDATTN_CUDA_PDL=0: a forward's kernels by plain launches (A/B); else by
-         * programmatic dependent launch where the device has it (sm_90+) */
+        /* PAGEDATTN_CUDA_PDL: which launches are programmatic dependent launches (sm_90+; A/B):
+         * letters w (cache write), a (attention kernels), c (split combine); 0: none */
         const char *pdl = getenv("PAGEDATTN_CUDA_PDL");
-        ctx->pdl = prop.major >= 9 && !(pdl && pdl[0] == '0');
+        ctx->pdl = PA_CU_PDL_DEFAULT;
+        if (pdl) {
+            ctx->pdl = 0;
+            for (const char *q = pdl; *q; q++)
+                ctx->pdl |= *q == 'w' ? PA_CU_PDL_WRITE : *q == 'a' ? PA_CU_PDL_ATTN : *q == 'c' ? PA_CU_PDL_COMB : 0u;
+        }
+        if (prop.major < 9) ctx->pdl = 0;
     }
     if (opt && opt->stream) {
         ctx->stream = (cudaStream_t)opt->stream;
@@ -529,7 +535,7 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
 
     /* 1. New K/V into the (cross) cache. */
     if (f->write_kv && cached && a->cache && p->slots) {
-        st = pa_cu_launch_cache_write(ctx->stream, ctx->pdl, a->cache, (int)c->kv_dtype, a->k, a->k_row_stride,
+        st = pa_cu_launch_cache_write(ctx->stream, (ctx->pdl & PA_CU_PDL_WRITE) != 0, a->cache, (int)c->kv_dtype, a->k, a->k_row_stride,
                                       a->v, a->v_row_stride, p->slots, p->num_slots, ks, vs);
         if (st != PA_STATUS_OK) goto done;
     }
@@ -642,7 +648,7 @@ pa_status pa__cuda_cache_write(void *impl, const pa_cache *c, pa_dtype src_dtype
     pa_status st = upload_scratch(ctx, slots, (size_t)n * sizeof(int64_t), &dslots);
     if (st != PA_STATUS_OK) return st;
     const bool fp8 = pa__dtype_is_fp8(c->dtype);
-    return pa_cu_launch_cache_write(ctx->stream, ctx->pdl, c, (int)src_dtype, key, k_row_stride, value,
+    return pa_cu_launch_cache_write(ctx->stream, (ctx->pdl & PA_CU_PDL_WRITE) != 0, c, (int)src_dtype, key, k_row_stride, value,
                                     v_row_stride, (const int64_t *)dslots, n,
                                     fp8 ? k_scale : 1.f, fp8 ? v_scale : 1.f);
 }

@@ -93,9 +93,12 @@ step grid 150 "$T/test_cuda_grid" &
 step large_cache 120 "$T/test_large_cache" & # (device pools of up to 2 x 16 GiB)
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=simt step grid_simt 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_MMA=0 PAGEDATTN_CUDA_DECODE=0 step grid_nodec 150 "$T/test_cuda_grid" &
-# a forward's kernels by plain launches instead of programmatic dependent launch
+# a forward's kernels by plain launches, and all three of its launches programmatic (the
+# default: the attention kernels only)
 PAGEDATTN_CUDA_PDL=0 step grid_nopdl 150 "$T/test_cuda_grid" &
 PAGEDATTN_CUDA_PDL=0 step splits_nopdl 90 "$T/test_cuda_splits" &
+PAGEDATTN_CUDA_PDL=wac step grid_pdlall 150 "$T/test_cuda_grid" &
+PAGEDATTN_CUDA_PDL=wac step splits_pdlall 90 "$T/test_cuda_splits" &
 # every decode kernel variant (PAGEDATTN_CUDA_DECODE, A/B runs below) on the short-query rows
 for v in simt mmat4; do
     PAGEDATTN_CUDA_DECODE=$v step grid_$v 150 "$T/test_cuda_grid" "decoder" &
@@ -178,7 +181,7 @@ step bench 120 "$CLI" bench --backend cuda
 # decode A/B: DEC_AB lists NAME=ENV[,ENV...][/--layout=L][@DIR] variants, run in two rounds in
 # opposite orders (NAME base: as shipped; @DIR: DIR/tools/pagedattn, a static CLI of another
 # commit); default: the kernel variants, block order, cache layout and split lengths
-DEC_AB=${DEC_AB:-"base= nopdl=PAGEDATTN_CUDA_PDL=0 items=PAGEDATTN_CUDA_DEC_ORDER=items s512=PAGEDATTN_CUDA_SPLIT_KEYS=512 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1280=PAGEDATTN_CUDA_SPLIT_KEYS=1280"}
+DEC_AB=${DEC_AB:-"base= nopdl=PAGEDATTN_CUDA_PDL=0 pdlwac=PAGEDATTN_CUDA_PDL=wac items=PAGEDATTN_CUDA_DEC_ORDER=items s512=PAGEDATTN_CUDA_SPLIT_KEYS=512 s1024=PAGEDATTN_CUDA_SPLIT_KEYS=1024 s1280=PAGEDATTN_CUDA_SPLIT_KEYS=1280"}
 dec_ab() { # dec_ab ROUND VARIANT...
     local r=$1; shift
     for x in "$@"; do
