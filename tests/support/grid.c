@@ -855,6 +855,11 @@ static void build_cases(void)
         decode_only(&c, f8q[i].ctx, 3);
         push(c, f8q[i].name);
     }
+    /* sharp rows again: an encoder_only batch at head 136 over E4M3 keys scaled by 2, f16
+     * queries, on which the prefill QK kernels' chunks of 64 dims erred 2.41e-4 against a
+     * tolerance of 2.2e-4 on every SIMD path (cpu.h, CPU_QK_CHUNK); replayed from its sweep seed */
+    r = 0x9303b454d7efceedull;
+    push(sweep_case(&r), "sharp-fp8");
 }
 
 int grid_count(void)

@@ -29,11 +29,14 @@
 #define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
 /* The prefill QK kernels (qk_t, qk_t_bf16) keep one fp32 accumulator per (row, key) over a whole
  * head; they sum the head in chunks of this many dims, each from zero, and add each chunk to the
- * running total in order. The rounding error of a sequential fp32 sum grows with its length: one
- * chain over 512 dims erred 5x more than the reference's tolerance allowed on sharp rows (a random
- * sweep found it), chunks of 64 bring it to the decode kernels' level (8 lanes of head_size / 8).
- * Heads of at most 64 dims are summed exactly as before. */
-#define CPU_QK_CHUNK 64
+ * running total in order. The rounding error of a sequential fp32 sum grows with its length, and
+ * on sharp rows the scores' errors reach the output: one chain over 512 dims erred 5x more than
+ * the reference's tolerance allowed (a random sweep found it, grid row "long-head"), and chunks of
+ * 64 still erred 1.1x over it at head 136 with scaled fp8 keys (grid row "sharp-fp8"; 32: 0.59x,
+ * 16: 0.50x, the generic kernel's 8 chains and tree 0.38x). A chain of C dims and d / C chunk sums
+ * err least near C = sqrt(d): 16 for the common heads. Cost: ~1% of an f32 prefill against 64
+ * (bench/NOTES.md, thirty-third pass). Heads of at most 16 dims are one chain. */
+#define CPU_QK_CHUNK 16
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 
