@@ -21,6 +21,10 @@ int pa_tool_usage(FILE *f)
             "      --oracle         the sweep also checks the reference against the independent oracle\n"
             "      --det-threads M  the sweep runs each case again with M threads, and each of its\n"
             "                       sequences alone: bits must match\n"
+            "      --sharp          the sweep's cases made as sharp as they come (heads 128-512,\n"
+            "                       the largest query scale, fp8 keys x 2, f32 outputs)\n"
+            "      --margin F       hold outputs to F (0 < F <= 1) of the fp32 part of their\n"
+            "                       tolerance: how close a path comes to failing\n"
             "  run [options]        simulate a serving workload (see pagedattn run --help)\n"
             "  bench [options]      measure speed against this machine's limits (pagedattn bench --help)\n");
     return f == stderr ? 2 : 0;

@@ -6,6 +6,7 @@
 #include "pagedattn.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,8 @@ int pa_tool_verify(int argc, char **argv)
     const char *backends = NULL, *filter = NULL;
     long threads = 0, random = 0, det = 0;
     int oracle = 0;
+    bool sharp = false;
+    double margin = 1.0;
     unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backends = argv[++i];
@@ -70,6 +73,17 @@ int pa_tool_verify(int argc, char **argv)
             }
             i++;
         } else if (!strcmp(argv[i], "--oracle")) oracle = 1;
+        else if (!strcmp(argv[i], "--sharp")) sharp = true;
+        else if (!strcmp(argv[i], "--margin") && i + 1 < argc) {
+            char *end = NULL;
+            errno = 0;
+            margin = strtod(argv[i + 1], &end);
+            if (end == argv[i + 1] || *end || errno || !(margin > 0 && margin <= 1)) {
+                fprintf(stderr, "pagedattn verify: --margin needs a number in (0, 1], not '%s'\n", argv[i + 1]);
+                return 2;
+            }
+            i++;
+        }
         else if (!strcmp(argv[i], "--det-threads") && i + 1 < argc) {
             if (parse_count(argv[i], argv[i + 1], 1, 1024, &det)) return 2;
             i++;
@@ -83,6 +97,11 @@ int pa_tool_verify(int argc, char **argv)
             return pa_tool_usage(stderr);
         }
     }
+    if (sharp && !random) {
+        fprintf(stderr, "pagedattn verify: --sharp shapes the cases of a random sweep; give --random N\n");
+        return 2;
+    }
+    grid_set_sweep_options(sharp, margin);
     if (filter && !random) { /* a filter that names no case would otherwise read as a pass */
         int n = 0;
         for (int c = 0; c < grid_count(); c++) n += strstr(grid_case_name(c), filter) != NULL;

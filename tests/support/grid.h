@@ -62,4 +62,13 @@ int grid_check_reference(int index, grid_result *res);
 int grid_random_sweep(const pa_backend *backend, uint64_t seed, int count, int num_threads, int det_threads,
                       bool oracle_too, FILE *out);
 
+/* Options for the runs that follow (`pagedattn verify --sharp --margin F`). sharp: a random
+ * sweep draws each case as usual and then makes it as sharp as its space allows (head 128, 136,
+ * 200, 256 or 512, queries at the largest scale the sweep draws, fp8 keys scaled by 2, f32
+ * outputs): the rows on which a kernel's order of fp32 summation shows. margin in (0, 1]: every
+ * comparison holds the outputs to that fraction of the fp32 part of their tolerance (1: the
+ * grid's own; the allowances for 16-bit outputs and probabilities stay whole), so a sweep shows
+ * how close a path comes to failing. Defaults: not sharp, margin 1. */
+void grid_set_sweep_options(bool sharp, double margin);
+
 #endif
