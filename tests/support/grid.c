@@ -1383,8 +1383,6 @@ static pa_status run_alone(pa_context *ctx, const ginputs *in, goutputs *o, bool
 
 /* ---- comparing ----------------------------------------------------------------------------- */
 
-/* Tolerance for one output element: the output's own rounding, fp32 accumulation, and the
- * contract's allowance to round probabilities to a 16-bit value dtype. */
 static bool sweep_sharp;        /* grid_set_sweep_options */
 static double tol_margin = 1.0; /* the fraction of the fp32 part of the tolerance */
 
@@ -1394,6 +1392,9 @@ void grid_set_sweep_options(bool sharp, double margin)
     tol_margin = margin > 0 && margin <= 1 ? margin : 1.0;
 }
 
+/* Tolerance for one output element: the output's own rounding, fp32 accumulation (its part
+ * times tol_margin), and the contract's allowance to round probabilities to a 16-bit value
+ * dtype. */
 static void tolerance(const gcase *c, double *atol, double *rtol)
 {
     /* one unit in the last place of the output dtype, relative: an fp32 result next to a
