@@ -28,15 +28,29 @@
 #define CPU_KROWS 256 /* rows of the K and V tile scratch: keys per tile x KV heads per item */
 #define CPU_DPAD 16 /* head_size is padded to a multiple of this in the fp32 scratch */
 /* The prefill QK kernels (qk_t, qk_t_bf16) keep one fp32 accumulator per (row, key) over a whole
- * head; they sum the head in chunks of this many dims, each from zero, and add each chunk to the
- * running total in order. The rounding error of a sequential fp32 sum grows with its length, and
- * on sharp rows the scores' errors reach the output: one chain over 512 dims erred 5x more than
- * the reference's tolerance allowed (a random sweep found it, grid row "long-head"), and chunks of
- * 64 still erred 1.1x over it at head 136 with scaled fp8 keys (grid row "sharp-fp8"; 32: 0.59x,
- * 16: 0.50x, the generic kernel's 8 chains and tree 0.38x). A chain of C dims and d / C chunk sums
- * err least near C = sqrt(d): 16 for the common heads. Cost: ~1% of an f32 prefill against 64
- * (bench/NOTES.md, thirty-third pass). Heads of at most 16 dims are one chain. */
+ * head; they sum the head in chunks of CPU_QK_CHUNK dims, each from zero, the chunk sums of each
+ * group of CPU_QK_GROUP chunks into a group sum (kept in a scratch beside the accumulators), and
+ * add the group sums to the running total in S, in order. The rounding error of a sequential fp32
+ * sum grows with its length, and on sharp rows the scores' errors reach the output: one chain over
+ * 512 dims erred 5x more than the reference's tolerance allowed (a random sweep found it, grid row
+ * "long-head"); chunks of 64 added straight to the total still erred 1.1x over it at head 136 with
+ * scaled fp8 keys (grid row "sharp-fp8"; 32: 0.59x, 16: 0.50x, the generic kernel's 8 chains and
+ * tree 0.38x), and chunks of 16 1.05x at head 512 (32 chunk sums in one chain; grid row
+ * "sharp-512": 0.51x with groups of 4, generic 0.54x). Chains of 16, 4 and d / 64: cost nothing
+ * measurable against chunks alone (bench/NOTES.md, thirty-fourth pass). Heads of at most 16 dims
+ * are one chain. */
 #define CPU_QK_CHUNK 16
+#define CPU_QK_GROUP 4
+/* Around a kernel with a group scratch: gcc 12 cannot see that each group's first chunk writes
+ * the scratch before the group's other chunks read it (-Wmaybe-uninitialized) */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define PA__QK_GROUP_SCRATCH_BEGIN                                                               \
+      _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#  define PA__QK_GROUP_SCRATCH_END _Pragma("GCC diagnostic pop")
+#else
+#  define PA__QK_GROUP_SCRATCH_BEGIN
+#  define PA__QK_GROUP_SCRATCH_END
+#endif
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 

@@ -233,10 +233,12 @@ static void n_load_rows_t(pa_dtype dtype, const void *const *rows, int n, int d,
 }
 
 /* R rows (1 or 4) x 16 keys as outer products: 4R accumulators; q read 4 dimensions at a time
- * and used lane by lane; the head in chunks of CPU_QK_CHUNK dims, each added to the total in S
- * (cpu.h). */
+ * and used lane by lane; the head in chunks of CPU_QK_CHUNK dims, their sums in groups (g), the
+ * group sums added to the total in S (cpu.h). */
+PA__QK_GROUP_SCRATCH_BEGIN
 PA__INLINE void qkt_block(int R, const float *q, const float *kt, int c0, int dp, float *s, int lds)
 {
+    float g[4 * 16];
     for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
         const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
         float32x4_t a[4][4];
@@ -263,13 +265,29 @@ PA__INLINE void qkt_block(int R, const float *q, const float *kt, int c0, int dp
             PA__QKT_STEP(3);
 #undef PA__QKT_STEP
         }
+        const int c = j0 / CPU_QK_CHUNK;
+        const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || j1 == dp;
+        if (!glast) {
+            if (gfirst)
+                for (int i = 0; i < R; i++)
+                    for (int u = 0; u < 4; u++) vst1q_f32(g + 16 * i + 4 * u, a[i][u]);
+            else
+                for (int i = 0; i < R; i++)
+                    for (int u = 0; u < 4; u++)
+                        vst1q_f32(g + 16 * i + 4 * u, vaddq_f32(vld1q_f32(g + 16 * i + 4 * u), a[i][u]));
+            continue;
+        }
+        if (!gfirst)
+            for (int i = 0; i < R; i++)
+                for (int u = 0; u < 4; u++) a[i][u] = vaddq_f32(vld1q_f32(g + 16 * i + 4 * u), a[i][u]);
         for (int i = 0; i < R; i++)
             for (int u = 0; u < 4; u++) {
                 float *si = s + (size_t)i * lds + c0 + 4 * u;
-                vst1q_f32(si, j0 ? vaddq_f32(vld1q_f32(si), a[i][u]) : a[i][u]);
+                vst1q_f32(si, c >= CPU_QK_GROUP ? vaddq_f32(vld1q_f32(si), a[i][u]) : a[i][u]);
             }
     }
 }
+PA__QK_GROUP_SCRATCH_END
 
 static void n_qk_t(const float *q, int nr, const float *kt, int nc, int dp, float *s, int lds,
                    const pa__cpu_pf *pf)

@@ -232,10 +232,13 @@ static inline void transpose8(__m256 *r)
 }
 
 /* R rows x 16 keys: 2R accumulators; one broadcast of q per row and dimension; the head in
- * chunks of CPU_QK_CHUNK dims, each added to the total in S (cpu.h). */
+ * chunks of CPU_QK_CHUNK dims, their sums in groups (g), the group sums added to the total in S
+ * (cpu.h). */
+PA__QK_GROUP_SCRATCH_BEGIN
 static inline __attribute__((always_inline)) void qkt_block(int R, const float *q, const float *kt,
                                                             int c0, int dp, float *s, int lds)
 {
+    float g[6 * 16] __attribute__((aligned(32)));
     for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
         const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
         __m256 a[6][2];
@@ -249,9 +252,28 @@ static inline __attribute__((always_inline)) void qkt_block(int R, const float *
                 a[i][1] = _mm256_fmadd_ps(b, k1, a[i][1]);
             }
         }
+        const int c = j0 / CPU_QK_CHUNK;
+        const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || j1 == dp;
+        if (!glast) {
+            if (gfirst)
+                for (int i = 0; i < R; i++) {
+                    _mm256_store_ps(g + 16 * i, a[i][0]);
+                    _mm256_store_ps(g + 16 * i + 8, a[i][1]);
+                }
+            else
+                for (int i = 0; i < R; i++) {
+                    _mm256_store_ps(g + 16 * i, _mm256_add_ps(_mm256_load_ps(g + 16 * i), a[i][0]));
+                    _mm256_store_ps(g + 16 * i + 8, _mm256_add_ps(_mm256_load_ps(g + 16 * i + 8), a[i][1]));
+                }
+            continue;
+        }
         for (int i = 0; i < R; i++) {
             float *si = s + (size_t)i * lds + c0;
-            if (j0) {
+            if (!gfirst) {
+                a[i][0] = _mm256_add_ps(_mm256_load_ps(g + 16 * i), a[i][0]);
+                a[i][1] = _mm256_add_ps(_mm256_load_ps(g + 16 * i + 8), a[i][1]);
+            }
+            if (c >= CPU_QK_GROUP) {
                 a[i][0] = _mm256_add_ps(_mm256_loadu_ps(si), a[i][0]);
                 a[i][1] = _mm256_add_ps(_mm256_loadu_ps(si + 8), a[i][1]);
             }
@@ -260,6 +282,7 @@ static inline __attribute__((always_inline)) void qkt_block(int R, const float *
         }
     }
 }
+PA__QK_GROUP_SCRATCH_END
 
 /* pf: spread over the 6-row blocks, one share per block of 16 keys (the rest of the rows, when
  * nr is not a multiple of 6, take none) */

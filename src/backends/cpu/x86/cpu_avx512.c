@@ -548,9 +548,12 @@ static void a5_pv_rows8(const float *p, int ldp, int nr, const void *const *vrow
 /* ---- prefill QK over the transposed K tile ------------------------------------------------ */
 
 /* R rows x 16 KB keys from c0: R x KB accumulators, one broadcast of q per row and dimension;
- * the head in chunks of CPU_QK_CHUNK dims, each added to the total in S (cpu.h). */
+ * the head in chunks of CPU_QK_CHUNK dims, their sums in groups (g), the group sums added to the
+ * total in S (cpu.h). */
+PA__QK_GROUP_SCRATCH_BEGIN
 AI void qktz_block(int R, int KB, const float *q, const float *kt, int c0, int dp, float *s, int lds)
 {
+    float g[16 * 16] __attribute__((aligned(64))); /* the group's sums so far (cpu.h) */
     for (int j0 = 0; j0 < dp; j0 += CPU_QK_CHUNK) {
         const int j1 = dp - j0 > CPU_QK_CHUNK ? j0 + CPU_QK_CHUNK : dp;
         __m512 a[16];
@@ -563,13 +566,25 @@ AI void qktz_block(int R, int KB, const float *q, const float *kt, int c0, int d
                 for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_fmadd_ps(b, k[u], a[i * KB + u]);
             }
         }
+        const int c = j0 / CPU_QK_CHUNK;
+        const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || j1 == dp;
+        if (!glast) {
+            if (gfirst)
+                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, a[v]);
+            else
+                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]));
+            continue;
+        }
+        if (!gfirst)
+            for (int v = 0; v < R * KB; v++) a[v] = _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]);
         for (int i = 0; i < R; i++)
             for (int u = 0; u < KB; u++) {
                 float *si = s + (size_t)i * lds + c0 + 16 * u;
-                _mm512_storeu_ps(si, j0 ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u]);
+                _mm512_storeu_ps(si, c >= CPU_QK_GROUP ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u]);
             }
     }
 }
+PA__QK_GROUP_SCRATCH_END
 
 AI void qktz_rows(int R, const float *q, const float *kt, int n16, int dp, float *s, int lds)
 {

@@ -566,13 +566,15 @@ static VBMI void a5b_qk_src_e5m2_lut(const void *const *krows, int nc, const uin
 /* ---- prefill: QK over the tile of bf16 pairs ------------------------------------------------ */
 
 /* R rows x 16 KB keys from c0: one broadcast of a query pair (2 dims) per row and step; the head
- * in chunks of CPU_QK_CHUNK dims, each added to the (unscaled) total in S, which the last chunk
- * scales (cpu.h). */
+ * in chunks of CPU_QK_CHUNK dims, their sums in groups (g), the group sums added to the
+ * (unscaled) total in S, which the last chunk scales (cpu.h). */
+PA__QK_GROUP_SCRATCH_BEGIN
 AI void qktb_block(int R, int KB, const uint16_t *q, const uint32_t *kt2, int c0, int dp, float scale, float *s,
                    int lds)
 {
     const int nw = dp / 2, cw = CPU_QK_CHUNK / 2;
     const __m512 sc = _mm512_set1_ps(scale);
+    float g[12 * 16] __attribute__((aligned(64)));
     for (int w0 = 0; w0 < nw; w0 += cw) {
         const int w1 = nw - w0 > cw ? w0 + cw : nw;
         __m512 a[12];
@@ -587,14 +589,26 @@ AI void qktb_block(int R, int KB, const uint16_t *q, const uint32_t *kt2, int c0
                 for (int u = 0; u < KB; u++) a[i * KB + u] = _mm512_dpbf16_ps(a[i * KB + u], b, k[u]);
             }
         }
+        const int c = w0 / cw;
+        const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || w1 == nw;
+        if (!glast) {
+            if (gfirst)
+                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, a[v]);
+            else
+                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]));
+            continue;
+        }
+        if (!gfirst)
+            for (int v = 0; v < R * KB; v++) a[v] = _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]);
         for (int i = 0; i < R; i++)
             for (int u = 0; u < KB; u++) {
                 float *si = s + (size_t)i * lds + c0 + 16 * u;
-                __m512 t = w0 ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u];
+                __m512 t = c >= CPU_QK_GROUP ? _mm512_add_ps(_mm512_loadu_ps(si), a[i * KB + u]) : a[i * KB + u];
                 _mm512_storeu_ps(si, w1 == nw ? _mm512_mul_ps(t, sc) : t);
             }
     }
 }
+PA__QK_GROUP_SCRATCH_END
 
 AI void qktb_rows(int R, const uint16_t *q, const uint32_t *kt2, int n16, int dp, float scale, float *s, int lds)
 {
