@@ -28,7 +28,9 @@
  * Non-finite inputs the row does read propagate as in IEEE arithmetic, never silently dropped:
  * a visible logit that is NaN or +inf (from NaN or infinite q or k values) makes every element
  * of the row's out and its lse NaN; a NaN or infinite v value reaches the out elements it
- * contributes to.
+ * contributes to, including a visible key's whose logit is -inf (its weight exp(-inf - m) = 0
+ * times NaN is NaN), as long as the row has a finite m (some finite visible logit, or a sink); a
+ * row whose visible logits are all -inf and that has no sink sees nothing (out 0, lse -inf).
  * Query head h reads KV head h / (num_heads / num_kv_heads).
  * The caller's floating-point mode does not reach the results: every call that computes runs
  * (on all its threads) in the C default environment, round to nearest even with subnormals

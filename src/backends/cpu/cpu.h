@@ -20,6 +20,7 @@
 
 #include "internal.h"
 
+#include <float.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -178,6 +179,10 @@ typedef struct pa__cpu_kernels {
     /* s[i] = exp(s[i] - m), and -0.0f where s[i] is -inf (the mark of a masked key, apart from
      * a visible one whose weight underflowed to +0); returns the sum. m finite. */
     float (*exp_row)(float *s, int n, float m);
+    /* Optional (NULL: the driver's scalar loop on the bits). Whether some s[r * lds + c], r < nr,
+     * c < nc, is -inf: a visible key's logit of -inf (an infinite q or k value) before the
+     * driver masks the hidden keys (score_fix, PA__CPU_NEG_INF_LOGIT). nc <= CPU_KT. */
+    bool (*any_neg_inf)(const float *s, int lds, int nr, int nc);
     /* Optional (NULL: row_max and exp_row row by row). One tile's online-softmax step for nr
      * rows none of which is marked bad or sees no key of the tile (hidden keys' scores -inf):
      * with mx the maximum of s[r * lds + 0..nc) and mn = (mx > m[r] ? mx : m[r]),
@@ -359,6 +364,10 @@ static inline float pa__cpu_alpha(float m, float mn)
 {
     return m == mn ? 1.0f : (m == -INFINITY ? 0.0f : expf(m - mn));
 }
+
+/* A visible key's logit of -inf, as the driver passes it to the softmax (score_fix): the lowest
+ * finite float. A row whose maximum stays at it saw no key (write_row). */
+#define PA__CPU_NEG_INF_LOGIT (-FLT_MAX)
 
 /* A probability that marks a masked key (see exp_row): -0.0f. */
 static inline bool pa__cpu_masked(float p)

@@ -182,6 +182,8 @@ static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
                    : 1.0f;
     size_t osz = pa_dtype_size(cfg->out_dtype);
     char *dst = (char *)a->out + (tok * a->out_row_stride + (int64_t)h * d) * (int64_t)osz;
+    static const float none[512];
+    if (m == PA__CPU_NEG_INF_LOGIT && !bad) o = none, l = 0.0f; /* every key it saw had a logit of -inf */
     k->store_row(cfg->out_dtype, o, d, bad ? NAN : l > 0.0f ? vs / l : 0.0f, dst);
     if (a->lse)
         a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] =
@@ -225,10 +227,37 @@ static bool rows_nonfinite(pa_dtype dt, const void *const *rows, int n, int d)
     return false;
 }
 
+/* Whether some score of the nr rows' first nc is -inf (any_neg_inf, for tables without it): on
+ * the bits, which the compiler vectorizes; a float minimum it leaves scalar (-fno-fast-math), and
+ * that cost 10% of a cache-resident decode */
+static bool any_neg_inf(const pa__cpu_kernels *K, const float *s, int nr, int nc)
+{
+    if (K->any_neg_inf) return K->any_neg_inf(s, CPU_KT, nr, nc);
+    uint32_t any = 0;
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            uint32_t b;
+            memcpy(&b, s + (size_t)r * CPU_KT + c, sizeof b);
+            any |= b == 0xff800000u;
+        }
+    return any != 0;
+}
+
 /* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
-static void score_fix(const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a, int nc)
+static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a,
+                      int nc)
 {
     const pa_layer_config *cfg = &L->cfg;
+    /* A logit of -inf before the hidden keys are masked (an infinite q or k value) is a visible
+     * key's, not a masked one: as IEEE arithmetic has it (the reference), its V is multiplied by
+     * exp(-inf - m) = 0, so a NaN or inf there reaches the row. Made the lowest finite float, it
+     * gets a probability of (about) +0, not the masked -0 that keeps a V out; a row that sees
+     * nothing above it comes out empty (PA__CPU_NEG_INF_LOGIT, write_row). The hidden keys' are
+     * masked below whatever they held. */
+    if (any_neg_inf(K, sc->s, nr, nc))
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < nc; c++)
+                if (sc->s[r * CPU_KT + c] == -INFINITY) sc->s[r * CPU_KT + c] = PA__CPU_NEG_INF_LOGIT;
     for (int r = 0; r < nr; r++) {
         float *s = sc->s + r * CPU_KT;
         if (sc->vis[r] == 0) {
@@ -476,7 +505,7 @@ static void run_item(void *arg, int64_t index, int thread)
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
                 }
             }
-            score_fix(L, sc, nr, a, nc);
+            score_fix(K, L, sc, nr, a, nc);
 
             /* every row sees some key of the tile (score_fix has put -inf where it does not) and
              * none has gone bad: the table's whole-tile step where it has one (the same bits as

@@ -404,6 +404,21 @@ static inline __m256 hmax8(const __m256 *a)
 /* softmax_rows (cpu.h): the rows 8 at a time, their maxima by hmax8 and their sums by hsum8
  * (one tree per 8 rows where row_max and exp_row reduce each row on its own); tiles whose width
  * is not a multiple of 8 (exp_row's scalar tail) are declined to the driver's loop. */
+/* any_neg_inf (cpu.h): 8 scores a compare, the tail one by one */
+static bool a2_any_neg_inf(const float *s, int lds, int nr, int nc)
+{
+    __m256 any = _mm256_setzero_ps();
+    bool tail = false;
+    for (int r = 0; r < nr; r++) {
+        const float *sr = s + (size_t)r * lds;
+        int c = 0;
+        for (; c + 8 <= nc; c += 8)
+            any = _mm256_or_ps(any, _mm256_cmp_ps(_mm256_loadu_ps(sr + c), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+        for (; c < nc; c++) tail |= sr[c] == -INFINITY;
+    }
+    return tail || _mm256_movemask_ps(any) != 0;
+}
+
 static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 8 || nc > CPU_KT || nc % 8) return false;
@@ -1345,6 +1360,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->row_max = a2_row_max;
     k->exp_row = a2_exp_row;
     k->softmax_rows = a2_softmax_rows;
+    k->any_neg_inf = a2_any_neg_inf;
     k->pv = a2_pv;
     k->pv_rows = a2_pv_rows;
     k->store_row = a2_store_row;

@@ -712,6 +712,29 @@ static float a5_exp_row(float *s, int n, float m)
  * sums and rescale factors as vectors. The sums are exp_row's: the same vectors, reduced in
  * hsum1z's order. (Replaces, per row and tile, two calls and the driver's scalar bookkeeping;
  * bench/NOTES.md, thirtieth pass.) */
+/* any_neg_inf (cpu.h): x is -inf exactly when its bits XOR those of -inf are 0, so the unsigned
+ * minimum of those, in two independent chains (a tail's lanes past nc left as they were). As
+ * vector minima it costs nothing measurable; the first version, a compare to a mask per vector
+ * ORed into one mask, cost 2% of a cache-resident decode (bench/NOTES.md, thirty-fourth pass). */
+static bool a5_any_neg_inf(const float *s, int lds, int nr, int nc)
+{
+    const __m512i ninf = _mm512_set1_epi32((int)0xff800000u);
+    __m512i a = _mm512_set1_epi32(-1), b = a;
+    for (int r = 0; r < nr; r++) {
+        const float *sr = s + (size_t)r * lds;
+        int c = 0;
+        for (; c + 32 <= nc; c += 32) {
+            a = _mm512_min_epu32(a, _mm512_xor_si512(_mm512_loadu_si512(sr + c), ninf));
+            b = _mm512_min_epu32(b, _mm512_xor_si512(_mm512_loadu_si512(sr + c + 16), ninf));
+        }
+        for (; c < nc; c += 16) {
+            const __mmask16 live = nc - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nc - c)) - 1u);
+            a = _mm512_mask_min_epu32(a, live, a, _mm512_xor_si512(_mm512_maskz_loadu_epi32(live, sr + c), ninf));
+        }
+    }
+    return _mm512_cmpeq_epi32_mask(_mm512_min_epu32(a, b), _mm512_setzero_si512()) != 0;
+}
+
 static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 1 || nc > CPU_KT) return false;
@@ -779,6 +802,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
     k->qk_t = rows12 ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->softmax_rows = a5_softmax_rows;
+    k->any_neg_inf = a5_any_neg_inf;
     k->pf_spread = true;
     k->e4m3_bf16 = true;
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
