@@ -106,6 +106,25 @@ AI void store_scores(int R, int KB, const __m512 *a, float mul, float *s, int ld
 
 /* Keys per decode QK block for R query rows (1..4): 16 accumulators (2 x 8, 4 x 4), 12 for 3
  * rows, 8 for one row (whose 16 would need 16 key vectors as well). */
+/* The prefill QK's chunk c of the head done (cpu.h, CPU_QK_GROUP), its sums in a[0 .. n): into
+ * its group's sums at g (last: the head's last chunk); true when the group is complete, a then
+ * holding the group's sums. The branches stay outside the store loops: with one inside them the
+ * f32 prefill ran 10% slower (bench/NOTES.md, thirty-fourth pass). */
+AI bool qk_group_step(__m512 *a, int n, float *g, int c, bool last)
+{
+    const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || last;
+    if (!glast) {
+        if (gfirst)
+            for (int v = 0; v < n; v++) _mm512_store_ps(g + 16 * v, a[v]);
+        else
+            for (int v = 0; v < n; v++) _mm512_store_ps(g + 16 * v, _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]));
+        return false;
+    }
+    if (!gfirst)
+        for (int v = 0; v < n; v++) a[v] = _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]);
+    return true;
+}
+
 AI int qk_keys_per_block(int R)
 {
     return R == 2 ? 8 : R == 1 ? 8 : 4;

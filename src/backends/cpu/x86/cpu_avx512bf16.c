@@ -590,16 +590,7 @@ AI void qktb_block(int R, int KB, const uint16_t *q, const uint32_t *kt2, int c0
             }
         }
         const int c = w0 / cw;
-        const bool gfirst = c % CPU_QK_GROUP == 0, glast = c % CPU_QK_GROUP == CPU_QK_GROUP - 1 || w1 == nw;
-        if (!glast) {
-            if (gfirst)
-                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, a[v]);
-            else
-                for (int v = 0; v < R * KB; v++) _mm512_store_ps(g + 16 * v, _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]));
-            continue;
-        }
-        if (!gfirst)
-            for (int v = 0; v < R * KB; v++) a[v] = _mm512_add_ps(_mm512_load_ps(g + 16 * v), a[v]);
+        if (!qk_group_step(a, R * KB, g, c, w1 == nw)) continue;
         for (int i = 0; i < R; i++)
             for (int u = 0; u < KB; u++) {
                 float *si = s + (size_t)i * lds + c0 + 16 * u;
