@@ -401,9 +401,6 @@ static inline __m256 hmax8(const __m256 *a)
     return _mm256_max_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* softmax_rows (cpu.h): the rows 8 at a time, their maxima by hmax8 and their sums by hsum8
- * (one tree per 8 rows where row_max and exp_row reduce each row on its own); tiles whose width
- * is not a multiple of 8 (exp_row's scalar tail) are declined to the driver's loop. */
 /* any_neg_inf (cpu.h): 8 scores a compare, the tail one by one */
 static bool a2_any_neg_inf(const float *s, int lds, int nr, int nc)
 {
@@ -419,6 +416,9 @@ static bool a2_any_neg_inf(const float *s, int lds, int nr, int nc)
     return tail || _mm256_movemask_ps(any) != 0;
 }
 
+/* softmax_rows (cpu.h): the rows 8 at a time, their maxima by hmax8 and their sums by hsum8
+ * (one tree per 8 rows where row_max and exp_row reduce each row on its own); tiles whose width
+ * is not a multiple of 8 (exp_row's scalar tail) are declined to the driver's loop. */
 static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 8 || nc > CPU_KT || nc % 8) return false;

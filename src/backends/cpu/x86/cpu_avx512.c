@@ -698,11 +698,6 @@ static float a5_exp_row(float *s, int n, float m)
     return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m)));
 }
 
-/* softmax_rows (cpu.h): the rows 16 at a time, their maxima and sums by hred16z's trees (one
- * tree per 16 rows where row_max and exp_row reduce each row on its own), the running maxima,
- * sums and rescale factors as vectors. The sums are exp_row's: the same vectors, reduced in
- * hsum1z's order. (Replaces, per row and tile, two calls and the driver's scalar bookkeeping;
- * bench/NOTES.md, thirtieth pass.) */
 /* any_neg_inf (cpu.h): x is -inf exactly when its bits XOR those of -inf are 0, so the unsigned
  * minimum of those, in two independent chains (a tail's lanes past nc left as they were). As
  * vector minima it costs nothing measurable; the first version, a compare to a mask per vector
@@ -726,6 +721,11 @@ static bool a5_any_neg_inf(const float *s, int lds, int nr, int nc)
     return _mm512_cmpeq_epi32_mask(_mm512_min_epu32(a, b), _mm512_setzero_si512()) != 0;
 }
 
+/* softmax_rows (cpu.h): the rows 16 at a time, their maxima and sums by hred16z's trees (one
+ * tree per 16 rows where row_max and exp_row reduce each row on its own), the running maxima,
+ * sums and rescale factors as vectors. The sums are exp_row's: the same vectors, reduced in
+ * hsum1z's order. (Replaces, per row and tile, two calls and the driver's scalar bookkeeping;
+ * bench/NOTES.md, thirtieth pass.) */
 static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 1 || nc > CPU_KT) return false;
