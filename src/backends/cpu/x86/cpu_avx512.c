@@ -715,7 +715,7 @@ static bool a5_any_neg_inf(const float *s, int lds, int nr, int nc)
         }
         for (; c < nc; c += 16) {
             const __mmask16 live = nc - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nc - c)) - 1u);
-            a = _mm512_mask_min_epu32(a, live, a, _mm512_xor_si512(_mm512_maskz_loadu_epi32(live, sr + c), ninf));
+            a = _mm512_mask_min_epu32(a, live, a, _mm512_xor_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(live, sr + c)), ninf));
         }
     }
     return _mm512_cmpeq_epi32_mask(_mm512_min_epu32(a, b), _mm512_setzero_si512()) != 0;
