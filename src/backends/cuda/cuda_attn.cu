@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(PA_CU_WARPS * 32)
         /* Scores of key kb + lane for this warp's rows: the head in chunks of 16 dims, their
          * sums in groups of 4, the group sums added up, as the cpu backend's prefill QK (its
          * cpu.h, CPU_QK_GROUP): one chain over a head of 512 erred 1.03x the case grid's
-         * tolerance on row "sharp-512" (in the emulator), 16 + 4 + 8 long it errs half as much. */
+         * tolerance on row "sharp-512" (in the emulator), chains of 16, 4 and 8 err 0.74x. */
         float dot[PA_CU_ROWS_PER_WARP];
 #pragma unroll
         for (int i = 0; i < PA_CU_ROWS_PER_WARP; i++) dot[i] = 0.f;

@@ -104,8 +104,6 @@ AI void store_scores(int R, int KB, const __m512 *a, float mul, float *s, int ld
         for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
 }
 
-/* Keys per decode QK block for R query rows (1..4): 16 accumulators (2 x 8, 4 x 4), 12 for 3
- * rows, 8 for one row (whose 16 would need 16 key vectors as well). */
 /* The prefill QK's chunk c of the head done (cpu.h, CPU_QK_GROUP), its sums in a[0 .. n): into
  * its group's sums at g (last: the head's last chunk); true when the group is complete, a then
  * holding the group's sums. The branches stay outside the store loops: with one inside them the
@@ -125,6 +123,8 @@ AI bool qk_group_step(__m512 *a, int n, float *g, int c, bool last)
     return true;
 }
 
+/* Keys per decode QK block for R query rows (1..4): 16 accumulators (2 x 8, 4 x 4), 12 for 3
+ * rows, 8 for one row (whose 16 would need 16 key vectors as well). */
 AI int qk_keys_per_block(int R)
 {
     return R == 2 ? 8 : R == 1 ? 8 : 4;
