@@ -100,6 +100,13 @@ def _sinks(s_aux, num_heads):
     return A.floats(s_aux, "s_aux", num_heads)
 
 
+def _layer_options(window_size, softcap, softmax_scale, D, alibi_slopes, H, B, s_aux, k_scale, v_scale):
+    """The per-call options both entry points take, checked: window, soft-cap, scale, ALiBi
+    slopes, sinks and the fp8 scales."""
+    return (_window(window_size), _softcap(softcap), _scale(softmax_scale, D), _alibi(alibi_slopes, H, B),
+            _sinks(s_aux, H), A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale"))
+
+
 def _lse_varlen(lse_obj, lv, total_q):
     """lse [num_heads, total_q]: token stride 1, head stride = its row stride."""
     hs = lv.strides[0] if lv.shape[0] > 1 else total_q
@@ -214,13 +221,8 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
                          "total_q = %d; got %s" % (total_q, cu_q.tolist()))
     kv_ = A.view(k, "k")
     vv_ = A.view(v, "v")
-    win = _window(window_size)
-    sc = _softcap(softcap)
-    scale = _scale(softmax_scale, D)
-    alibi = _alibi(alibi_slopes, H, B)
-    sinks = _sinks(s_aux, H)
-    ks = A.scalar(k_scale, "k_scale")
-    vs = A.scalar(v_scale, "v_scale")
+    win, sc, scale, alibi, sinks, ks, vs = _layer_options(window_size, softcap, softmax_scale, D, alibi_slopes,
+                                                          H, B, s_aux, k_scale, v_scale)
     same_rows = None
     if block_table is not None:
         cdt = C.cache_dtype_of(kv_, kv_cache_dtype, "k")
@@ -546,13 +548,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     if B and int(klens.max()) > cap:
         raise ValueError("cache_seqlens (max %d) exceed the cache capacity (%d tokens)"
                          % (int(klens.max()), cap))
-    win = _window(window_size)
-    sc = _softcap(softcap)
-    scale = _scale(softmax_scale, D)
-    alibi = _alibi(alibi_slopes, H, B)
-    sinks = _sinks(s_aux, H)
-    ks = A.scalar(k_scale, "k_scale")
-    vs = A.scalar(v_scale, "v_scale")
+    win, sc, scale, alibi, sinks, ks, vs = _layer_options(window_size, softcap, softmax_scale, D, alibi_slopes,
+                                                          H, B, s_aux, k_scale, v_scale)
     src = _attn.Source(cache, kcv, vcv, BS, cache.num_blocks)
     seqs = _attn.paged_seqs(np.arange(B, dtype=np.int64) * Sq, Sq, klens, bt, contiguous=True)
     # output [B, Sq, H, D]
