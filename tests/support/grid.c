@@ -878,6 +878,32 @@ static void build_cases(void)
     c = sweep_case(&r);
     sharpen(&c);
     push(c, "neg-inf-logit");
+    /* 2-byte HND caches in blocks of 64 and 128 keys, whose cpu decode tiles are 64 keys
+     * (cpu_attn.c, CPU_DECODE_KT_B64): contexts a key short of a block, a block, one past, a
+     * tile past a block of 128, and long enough for split chunks (600 keys and more) with a
+     * last tile cut short; GQA 4 at head 128 (the bench's heads, fewer), NaN and inf in the
+     * cache and a query, a window that starts inside a tile, sinks, an f16 cache beside bf16
+     * queries */
+    static const struct {
+        const char *name;
+        pa_dtype cache;
+        int32_t B, ctx, sw, sinks, nonfinite;
+    } b64[] = {
+        {"hnd-b64", PA_DTYPE_BF16, 64, 63, 0, 0, 1},
+        {"hnd-b64", PA_DTYPE_BF16, 64, 650, 100, 1, 0},
+        {"hnd-b64", PA_DTYPE_F16, 64, 1201, 0, 0, 1},
+        {"hnd-b128", PA_DTYPE_BF16, 128, 191, 0, 1, 1},
+        {"hnd-b128", PA_DTYPE_F16, 128, 700, 77, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof b64 / sizeof b64[0]; i++) {
+        c = base_case();
+        c.H = 16, c.Hkv = 4, c.D = 128, c.B = b64[i].B, c.layout = LAYOUT_HND;
+        c.cache = b64[i].cache, c.qd = c.kvd = c.outd = PA_DTYPE_BF16;
+        c.sw = b64[i].sw, c.sinks = b64[i].sinks, c.nonfinite = b64[i].nonfinite;
+        decode_only(&c, b64[i].ctx, 4);
+        c.seqs[1].ctx = b64[i].B, c.seqs[2].ctx = b64[i].B + 1;
+        push(c, b64[i].name);
+    }
 }
 
 int grid_count(void)

@@ -16,6 +16,9 @@
 #ifndef CPU_DECODE_KT8
 #  define CPU_DECODE_KT8 64 /* over 1-byte (fp8) caches: the same bytes per call as 32 bf16 keys */
 #endif
+#ifndef CPU_DECODE_KT_B64
+#  define CPU_DECODE_KT_B64 64 /* over 2-byte caches whose block size is a multiple of 64 */
+#endif
 #ifndef CPU_DECODE_PF
 #  define CPU_DECODE_PF 1
 #endif
@@ -382,9 +385,17 @@ static void run_item(void *arg, int64_t index, int thread)
          * 5-10% faster L3-resident and for fp8; 16 was better while the driver prefetched each
          * call's rows in one sweep), over fp8 caches CPU_DECODE_KT8 (64: the same bytes per
          * kernel call; on a Zen 5, one thread, 16 x 4096 E4M3 11.43 -> 10.03 ms, while 64 bf16
-         * keys were 11% slower than 32 from DRAM; bench/NOTES.md, twenty-eighth pass) */
+         * keys were 11% slower than 32 from DRAM; bench/NOTES.md, twenty-eighth pass), and over
+         * 2-byte HND caches whose blocks hold a multiple of 64 keys CPU_DECODE_KT_B64 (64: each
+         * call then reads 64 keys of one block and KV head end to end, 16 KiB at d 128, and at
+         * block 64 the next call the next head's; one thread, 16 x 4096 bf16 at block 64: 72% of
+         * the read probe against 59-60% with 32-key tiles; NHD 52% against 55%: not there;
+         * bench/NOTES.md, thirty-fifth pass) */
         const int dpf = CPU_DECODE_PF;
-        if (direct) kt = ks[0].esz == 1 ? CPU_DECODE_KT8 : CPU_DECODE_KT;
+        /* (a block's rows of one KV head end to end, as in HND, in blocks of 64 keys or more) */
+        const pa_cache *kc = ks[0].cache;
+        const bool b64 = kc && kc->token_stride == d && kc->block_size % 64 == 0;
+        if (direct) kt = ks[0].esz == 1 ? CPU_DECODE_KT8 : ks[0].esz == 2 && b64 ? CPU_DECODE_KT_B64 : CPU_DECODE_KT;
         /* bf16 keys: the query rows pair-split once per item, each 16-dim block of a key then
          * converts by one shift and one AND (qk_src_pairs). E4M3 keys on e4m3_bf16 tables: as
          * bf16 (or f32) words 2^-120 times their value (PA__CPU_E4M3B), with the query rows
