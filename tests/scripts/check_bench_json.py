@@ -5,7 +5,7 @@ argv[1]: the case name expected; argv[2]: "1" when the build is optimized (not D
 and, for a decode case, against the work its rates imply; argv[4] (optional): the --layout asked
 for ("nhd" or "hnd"; "preferred" or absent: none, the backend's preferred one); argv[5]
 (optional): the --blocks asked for (default shuffled; "hot": the floor is the compute floor
-alone, the KV coming from the caches)."""
+alone, the KV coming from the caches); argv[6] (optional): the --block-size asked for (default 16)."""
 import json
 import math
 import sys
@@ -17,6 +17,7 @@ assert doc["heads"] == {"query": hq, "kv": hkv, "size": 128}, doc["heads"]
 assert doc["cache_layout"] == (sys.argv[4] if len(sys.argv) > 4 else "preferred"), doc["cache_layout"]
 blocks = sys.argv[5] if len(sys.argv) > 5 else "shuffled"
 assert doc["block_tables"] == blocks, doc["block_tables"]
+assert doc["block_size"] == (int(sys.argv[6]) if len(sys.argv) > 6 else 16), doc["block_size"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
 assert doc["online_cores"] >= 1
 (lim,) = doc["limits"]
