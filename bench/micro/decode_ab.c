@@ -15,6 +15,8 @@
  * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8), SEQS and CTX (the decode batch:
  * sequences, default 16, at most 64; keys each, default 4096, a multiple of 16),
  * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
+ * MIXPRE=n (one causal prompt of n tokens, a multiple of 16, first in the batch, beside the decodes:
+ * a mixed step),
  * SMALL=n (every table entry modulo n: n = 2 keeps the KV in L2, the arithmetic alone), Q16=1
  * (bf16 queries, as the bench's bf16 rows: the avx512bf16 path's QK then takes vdpbf16ps),
  * ISAS=a,b,... (PAGEDATTN_CPU_ISA for each library's context in turn: one build under several
@@ -94,6 +96,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const int QL = prefill ? prefill : 1; /* query tokens per sequence */
+    const int mix = env_int("MIXPRE", 0); /* one prefill of mix tokens first, then the decodes */
     if (argc < 2) {
         fprintf(stderr, "usage: %s LIBPAGEDATTN.so [...]\n", argv[0]);
         return 2;
@@ -105,7 +108,7 @@ int main(int argc, char **argv)
                           : !strcmp(dts, "f32") ? PA_DTYPE_F32 : !strcmp(dts, "e5m2") ? PA_DTYPE_FP8_E5M2
                                                 : PA_DTYPE_FP8_E4M3;
     const int fp8 = cd == PA_DTYPE_FP8_E4M3 || cd == PA_DTYPE_FP8_E5M2;
-    const int nbps = C / BS, nb = S * nbps;
+    const int nbps = C / BS, nb = S * nbps + mix / BS;
     lib *libs = calloc((size_t)nl, sizeof(lib));
     void **handles = calloc((size_t)nl, sizeof(void *));
     for (int k = 0; k < nl; k++) {
@@ -179,12 +182,14 @@ int main(int argc, char **argv)
     }
     if (small > 0)
         for (int i = 0; i < nb; i++) perm[i] %= small;
-    pa_seq seqs[64];
-    int64_t *slots = malloc(sizeof(int64_t) * (size_t)S * QL);
+    pa_seq seqs[65];
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)(S * QL + mix));
+    int ns = 0;
+    if (mix) seqs[ns++] = (pa_seq){.context_len = 0, .query_len = mix, .block_table = perm + S * nbps, .num_blocks = mix / BS};
     for (int s = 0; s < S; s++)
-        seqs[s] = (pa_seq){.context_len = C - QL, .query_len = QL, .block_table = perm + s * nbps, .num_blocks = nbps};
-    for (int i = 0; i < S * QL; i++) slots[i] = -1; /* no new token written: the step only reads */
-    const int64_t nq = (int64_t)S * QL * H * D;
+        seqs[ns++] = (pa_seq){.context_len = C - QL, .query_len = QL, .block_table = perm + s * nbps, .num_blocks = nbps};
+    for (int i = 0; i < S * QL + mix; i++) slots[i] = -1; /* no new token written: the step only reads */
+    const int64_t nq = (int64_t)(S * QL + mix) * H * D;
     float *q = malloc(sizeof(float) * (size_t)nq), *o = malloc(sizeof(float) * (size_t)nq);
     for (int64_t i = 0; i < nq; i++) q[i] = (float)((i * 7919) % 200 - 100) / 400.f;
     if (q16) /* (the same queries truncated to bf16, in place: word i never overlaps float j > i) */
@@ -204,7 +209,7 @@ int main(int argc, char **argv)
         const pa_backend *be;
         CK(l, l->backend_select("cpu", l->layer, &be));
         pa_batch_config bc = {.block_size = BS, .num_blocks = nb, .slot_mapping = slots};
-        CK(l, l->batch_create(&bc, seqs, S, &l->batch));
+        CK(l, l->batch_create(&bc, seqs, ns, &l->batch));
         if (getenv("ISAS")) { /* the k-th comma-separated entry */
             char isa[32] = "";
             const char *p = getenv("ISAS");

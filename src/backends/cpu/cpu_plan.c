@@ -4,10 +4,13 @@
  * query heads of one KV head, times as many tokens as fit), keys in chunks of a size fixed by
  * that sequence's own query length, at absolute multiples of it. Nothing here depends on the
  * other sequences of the batch or on the thread count, which is what makes results bitwise
- * reproducible. Items are ordered by estimated cost (largest first) for load balance only. */
+ * reproducible. Items are ordered by estimated cost (largest first) for load balance only, the
+ * reading (short queries) and the computing ones (prompts) interleaved (order_items). */
 #include "cpu.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Key chunk size of a sequence, from its own query and key lengths only. Prefill tiles already
  * give parallelism: 1024. Short queries (decode, speculative steps): 256 keys up to 1024 keys,
@@ -15,9 +18,11 @@
  * two threads busy (a lone 512-key decode was one chunk, on one thread). A chunk has fixed costs
  * (its query rows, its partial rows and their merge): chunks of 128 keys made a lone 512-key
  * decode 5.6% slower on one thread, and 8 of 128 instead of 2 of 512 a 1024-key one 4%. */
+static bool short_query(int32_t query_len) { return query_len <= 16; }
+
 static int64_t chunk_keys(int32_t query_len, int64_t kv_len)
 {
-    if (query_len > 16) return 1024;
+    if (!short_query(query_len)) return 1024;
     return kv_len <= 1024 ? 256 : 512;
 }
 
@@ -122,6 +127,41 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
     *nparts = np;
 }
 
+/* Short-query items (decode, speculative steps: short_query) are bound by their KV reads,
+ * prompt items by their arithmetic. Sorted by cost alone, a mixed batch's threads would read
+ * side by side and then compute side by side; taken in turns, weighted by each kind's total
+ * cost so that both run through the step, one thread computes while another reads. Each kind
+ * keeps its largest-first order. (One 256-token prompt beside 32 decodes at 2048 keys, two
+ * threads: bench/NOTES.md, thirty-fifth pass.) The order changes no result: items write
+ * disjoint rows or partial slots, merged afterwards in chunk order. */
+static pa_status order_items(pa__cpu_plan *p, const struct pa_batch *b)
+{
+    int64_t nr = 0, cr = 0, cc = 0;
+    for (int64_t i = 0; i < p->nitems; i++) {
+        bool rd = short_query(b->md.query_lens[p->items[i].seq]);
+        nr += rd;
+        *(rd ? &cr : &cc) += p->items[i].cost;
+    }
+    if (nr == 0 || nr == p->nitems) return PA_STATUS_OK;
+    pa__cpu_item *tmp = pa__calloc((size_t)p->nitems, sizeof *tmp);
+    if (!tmp) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan of %lld items", (long long)p->nitems);
+    memcpy(tmp, p->items, (size_t)p->nitems * sizeof *tmp);
+    /* two cursors over the sorted copy, one per kind; take from the one whose kind has had the
+     * smaller share of its total cost so far (ties: the reading kind) */
+    int64_t ir = 0, ic = 0, sr = 0, sc = 0;
+    for (int64_t n = 0; n < p->nitems; n++) {
+        while (ir < p->nitems && !short_query(b->md.query_lens[tmp[ir].seq])) ir++;
+        while (ic < p->nitems && short_query(b->md.query_lens[tmp[ic].seq])) ic++;
+        /* sr / cr <= sc / cc (in doubles: a product of two costs may pass int64) */
+        bool take_r = ic >= p->nitems || (ir < p->nitems && (double)sr * (double)cc <= (double)sc * (double)cr);
+        pa__cpu_item *it = take_r ? &tmp[ir++] : &tmp[ic++];
+        *(take_r ? &sr : &sc) += it->cost;
+        p->items[n] = *it;
+    }
+    pa__free(tmp);
+    return PA_STATUS_OK;
+}
+
 pa_status pa__cpu_plan_build(pa__cpu_ctx *c, const struct pa_layer *layer,
                              const struct pa_batch *batch, pa__cpu_plan **out)
 {
@@ -143,6 +183,11 @@ pa_status pa__cpu_plan_build(pa__cpu_ctx *c, const struct pa_layer *layer,
     int64_t ni, nm, np;
     enumerate(layer, batch, p->items, p->merges, &ni, &nm, &np);
     qsort(p->items, (size_t)p->nitems, sizeof *p->items, cmp_items);
+    st = order_items(p, batch);
+    if (st != PA_STATUS_OK) {
+        pa__cpu_plan_free(p);
+        return st;
+    }
     *out = p;
     return PA_STATUS_OK;
 }
