@@ -631,7 +631,8 @@ static void usage(FILE *f)
             "                   `--backend cuda` (alone) measures the GPU: its copy bandwidth,\n"
             "                   decode 64 x 4096 (bf16, f16, fp8 KV), prefill 4096 causal beside\n"
             "                   PyTorch SDPA (flash) when python3 has torch with CUDA, over an\n"
-            "                   NHD cache (--layout hnd: HND)\n"
+            "                   NHD cache (--layout hnd: HND); its cases are fixed, so --heads,\n"
+            "                   --block-size and --blocks are refused there\n"
             "  --threads LIST   thread counts (default: 1,<online cores>; 0 = online cores)\n"
             "  --repeats N      timed repetitions per case (default 5; one warm-up run more)\n"
             "  --cases SUBSTR   only cases whose name contains SUBSTR\n"
@@ -778,7 +779,15 @@ int pa_tool_bench(int argc, char **argv)
     g_progress = isatty(2);
 
     /* the cuda backend has a bench of its own (device memory, CUDA events, SDPA beside it) */
-    if (!strcmp(backends, "cuda")) return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter, LAYOUT);
+    if (!strcmp(backends, "cuda")) {
+        /* (its cases are fixed: 32 / 8 heads, block 16, shuffled tables; say so, not ignore) */
+        const char *no = HQ != 32 || HKV != 8 ? "--heads" : BLK != 16 ? "--block-size" : BLOCKS != BLOCKS_SHUFFLED ? "--blocks" : NULL;
+        if (no) {
+            fprintf(stderr, "bench: %s is not taken by --backend cuda (its cases: 32 / 8 heads, block 16, shuffled tables)\n", no);
+            return 2;
+        }
+        return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter, LAYOUT);
+    }
 
     /* backends */
     const pa_backend *bes[8];
