@@ -136,13 +136,10 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
  * disjoint rows or partial slots, merged afterwards in chunk order. */
 static pa_status order_items(pa__cpu_plan *p, const struct pa_batch *b)
 {
-    int64_t nr = 0, cr = 0, cc = 0;
-    for (int64_t i = 0; i < p->nitems; i++) {
-        bool rd = short_query(b->md.query_lens[p->items[i].seq]);
-        nr += rd;
-        *(rd ? &cr : &cc) += p->items[i].cost;
-    }
-    if (nr == 0 || nr == p->nitems) return PA_STATUS_OK;
+    int64_t cr = 0, cc = 0; /* each kind's total cost (every item's cost is positive) */
+    for (int64_t i = 0; i < p->nitems; i++)
+        *(short_query(b->md.query_lens[p->items[i].seq]) ? &cr : &cc) += p->items[i].cost;
+    if (cr == 0 || cc == 0) return PA_STATUS_OK; /* one kind only: the cost order as it is */
     pa__cpu_item *tmp = pa__calloc((size_t)p->nitems, sizeof *tmp);
     if (!tmp) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan of %lld items", (long long)p->nitems);
     memcpy(tmp, p->items, (size_t)p->nitems * sizeof *tmp);
