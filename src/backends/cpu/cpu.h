@@ -227,6 +227,16 @@ typedef struct pa__cpu_kernels {
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */
     void (*qk_src_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,
                         float *s, int lds, const struct pa__cpu_pf *pf);
+    /* With qk_src_bf16 (and the E4M3 / E5M2 forms below). Copies the nr bf16 query rows at
+     * rows[r] (d each) to q16 (dp apart, zero past d) for those kernels and says whether bf16
+     * dot products, which take subnormal operands as zero and flush subnormal sums, give them
+     * the contract's scores: no element subnormal, inf or NaN (the fp32 kernels take such rows
+     * exactly), and, where the keys may hold subnormals (bf16 keys; fp8 keys become normal
+     * bf16), what flushing those can take from a score, at most |scale| d max|q| 2^-126, within
+     * 2^-36: the weights exp(s - m) then move by 2^-36 of themselves at most, far below an fp32
+     * ulp. An independent oracle found the flushed operands (bench/NOTES.md, thirty-sixth pass). */
+    bool (*q16_load)(const void *const *rows, int nr, int d, int dp, uint16_t *q16, float scale,
+                     bool subnormal_keys);
     /* Optional (NULL: qk_src_pairs or qk_src). Decode QK by bf16 dot products for bf16 queries
      * over E4M3 key rows (AVX512-BF16), as qk_src_bf16 (q16 as given): each key value converted
      * exactly to bf16 in registers, a NaN byte giving a NaN score. dp a multiple of
@@ -267,7 +277,8 @@ typedef struct pa__cpu_kernels {
      * 16-bit value dtype's rounding there). vdpbf16ps takes subnormal operands as zero and
      * flushes subnormal results, so these kernels take only values where that cannot show:
      * each returns false, having written nothing, when some value it would multiply is nonzero
-     * and below PA__CPU_BF16_TINY in magnitude, or is inf or NaN (the caller then runs the
+     * and below PA__CPU_BF16_TINY in magnitude, or is inf or NaN, or some probability is an
+     * fp32 subnormal (a key more than 87.3 below its row's maximum; the caller then runs the
      * fp32 kernels). */
     bool (*pv_src_bf16)(const void *const *vrows, int nc, const float *p, int ldp, int nr, int dp,
                         const float *alpha, const unsigned char *colmask, float *o, const struct pa__cpu_pf *pf);
@@ -276,8 +287,9 @@ typedef struct pa__cpu_kernels {
      * high half), zero for j >= d, for the odd last key's partner and for columns that colmask
      * (NULL: none) hides from every row; false as for pv_src_bf16 (the tile is then garbage). */
     bool (*load_v_pairs)(const void *const *rows, int n, int d, int dp, const unsigned char *colmask, uint32_t *vt2);
-    /* O[r] = O[r] * alpha[r] (NULL: 1) + sum_c bf16(P[r][c]) V[c] over the tile's pairs. */
-    void (*pv_bf16)(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
+    /* O[r] = O[r] * alpha[r] (NULL: 1) + sum_c bf16(P[r][c]) V[c] over the tile's pairs; false,
+     * having written nothing, where some probability is an fp32 subnormal (as pv_src_bf16). */
+    bool (*pv_bf16)(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
                     float *o, const struct pa__cpu_pf *pf);
     bool pf_spread;
     /* qk_src_pairs (qk_src in a table without it) and pv_src take E4M3 key and value rows as

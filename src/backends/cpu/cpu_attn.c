@@ -353,7 +353,7 @@ static void run_item(void *arg, int64_t index, int thread)
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
-        const bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
+        bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
         /* bf16 queries as given over fp8 keys too, where a table has qk_src_e4m3_bf16 (or
          * qk_src_e5m2_bf16), for the rows per KV head and head sizes it is meant for (decode
          * tiles: those rows are within the direct ones). One thread, 16 x 4096 from DRAM: E4M3
@@ -363,15 +363,11 @@ static void run_item(void *arg, int64_t index, int thread)
         const bool e4 = ks[0].dtype == PA_DTYPE_FP8_E4M3, e5 = ks[0].dtype == PA_DTYPE_FP8_E5M2;
         void (*const qk8)(const void *const *, int, const uint16_t *, int, int, float, float *, int,
                           const pa__cpu_pf *) = e4 ? K->qk_src_e4m3_bf16 : e5 ? K->qk_src_e5m2_bf16 : NULL;
-        const bool q16e = !q16 && qk8 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
-                          d % (e4 ? K->qk_e4m3_bf16_dims : 16) == 0 && nrk >= (e4 ? K->qk_e4m3_bf16_rows : 1) &&
-                          nrk <= 8;
-        if (q16 || q16e)
-            for (int r = 0; r < nr; r++) {
-                uint16_t *qr = sc->q16 + (size_t)r * dp;
-                memcpy(qr, sc->rows[r], (size_t)d * sizeof(uint16_t));
-                memset(qr + d, 0, (size_t)(dp - d) * sizeof(uint16_t));
-            }
+        bool q16e = !q16 && qk8 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
+                    d % (e4 ? K->qk_e4m3_bf16_dims : 16) == 0 && nrk >= (e4 ? K->qk_e4m3_bf16_rows : 1) && nrk <= 8;
+        /* the rows copied for those kernels, and tested on the way: rows that bf16 dot products
+         * would not score as the contract does go to the fp32 kernels (cpu.h, q16_load) */
+        if ((q16 || q16e) && !K->q16_load(sc->rows, nr, d, dp, sc->q16, qsc, q16)) q16 = q16e = false;
         const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
         /* short tiles (decode) read K and V straight from the cache, converting in registers:
          * nothing to amortize a converted copy over. Up to 8 query rows per KV head, 16 over
@@ -576,9 +572,9 @@ static void run_item(void *arg, int64_t index, int thread)
                     pfkr.n = transposed && e < uhi ? (int)(ne - e) : 0;
                     if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
                     const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
-                    if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv)) {
+                    if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv) &&
+                        K->pv_bf16(pk, CPU_KT, nrk, (const uint32_t *)vv, nc, dp, ak, ok, pf)) {
                         /* the tile as bf16 pairs, for bf16 dot products (cpu.h, pv_bf16) */
-                        K->pv_bf16(pk, CPU_KT, nrk, (const uint32_t *)vv, nc, dp, ak, ok, pf);
                         continue;
                     }
                     if (K->pv_rows && ks[k].dtype == PA_DTYPE_F32 && d == dp &&

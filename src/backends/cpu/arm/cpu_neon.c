@@ -318,24 +318,25 @@ static float n_row_max(const float *s, int n)
     return r;
 }
 
-/* exp(x) for x <= ~88: Cody-Waite reduction by ln 2 and a degree-6 polynomial (Cephes expf's
- * coefficients, as the AVX2 file), ~1 ulp; inputs below -87.3 are clamped (the caller zeroes
- * -inf lanes). */
+/* exp(x) for x <= 0: the AVX2 file's exp8 (Cody-Waite reduction by ln 2, Cephes expf's degree-6
+ * polynomial, ~1 ulp; fp32 subnormals below -87.3 as (2^-64 p) 2^(n + 64), 0 below -104; the
+ * same bits); the caller zeroes -inf lanes. */
 PA__INLINE float32x4_t exp4(float32x4_t x)
 {
-    x = vmaxq_f32(x, vdupq_n_f32(-87.3f));
-    x = vminq_f32(x, vdupq_n_f32(88.3f));
+    x = vmaxq_f32(x, vdupq_n_f32(-104.0f));
+    x = vminq_f32(x, vdupq_n_f32(0.0f));
     float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
     r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t p = vdupq_n_f32(1.9875691500E-4f);
-    p = vfmaq_f32(vdupq_n_f32(1.3981999507E-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(8.3334519073E-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(4.1665795894E-2f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.6666665459E-1f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(5.0000001201E-1f), p, r);
-    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
-    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    const float u = 0x1p-64f; /* (the AVX2 file's scaled coefficients) */
+    float32x4_t p = vdupq_n_f32(1.9875691500E-4f * u);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507E-3f * u), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073E-3f * u), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894E-2f * u), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459E-1f * u), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201E-1f * u), p, r);
+    p = vfmaq_f32(vfmaq_n_f32(vdupq_n_f32(u), r, u), p, vmulq_f32(r, r));
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127 + 64)), 23);
     return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 

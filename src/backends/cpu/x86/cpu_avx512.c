@@ -641,12 +641,15 @@ static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, fl
 /* ---- softmax: exp ------------------------------------------------------------------------- */
 
 /* The AVX2 path's exp8 at 16 lanes (the same constants and, but for the last step's vscalefps,
- * operations; the same bits per element): Cody-Waite reduction by ln 2, Cephes expf's degree-6 polynomial, ~1 ulp; inputs
- * clamped to [-87.3, 88.3], so no result is subnormal. */
+ * operations; the same bits per element): Cody-Waite reduction by ln 2, Cephes expf's degree-6
+ * polynomial, ~1 ulp; inputs clamped to [-104, 0] (the softmax's s - m). Below -87.3 the result is an fp32
+ * subnormal or 0, as the contract's fp32 exp has it (vscalefps rounds p 2^n once, subnormals
+ * kept in the default environment); until 2026-11-30 the clamp was at -87.3, and a key more than
+ * 87.3 below its row's maximum weighed 2^-126 (bench/NOTES.md, thirty-sixth pass). */
 AI __m512 exp16(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_min_ps(x, _mm512_setzero_ps());
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -658,8 +661,8 @@ AI __m512 exp16(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    /* p 2^n by vscalefps (one operation, against a conversion, an add, a shift and a multiply
-     * building 2^n): the same exact product, n being integral and every result normal */
+    /* p 2^n by vscalefps (one operation, against a conversion, two adds and shifts and two
+     * multiplies building 2^n in two factors): the same product, rounded once */
     return _mm512_scalef_ps(p, n);
 }
 

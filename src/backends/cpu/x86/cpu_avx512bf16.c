@@ -643,6 +643,43 @@ AI void scan_words(__m512i x, __m512i *mn, __m512i *mx)
     *mx = _mm512_max_epu16(*mx, y);
 }
 
+/* cpu.h, q16_load: the rows copied 32 words at a time, each through scan_words on the way (a
+ * separate pass over the rows, in scalar code, had cost a bf16 prefill 2.5%) */
+static bool a5b_q16_load(const void *const *rows, int nr, int d, int dp, uint16_t *q16, float scale,
+                         bool subnormal_keys)
+{
+    __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
+    for (int r = 0; r < nr; r++) {
+        const uint16_t *q = rows[r];
+        uint16_t *o = q16 + (size_t)r * dp;
+        int i = 0;
+        for (; i + 32 <= d; i += 32) { /* (whole vectors unmasked: Zen 5 ran the masked ones slowly) */
+            const __m512i x = _mm512_loadu_si512(q + i);
+            scan_words(x, &mn, &mx);
+            _mm512_storeu_si512(o + i, x);
+        }
+        for (; i < dp; i += 32) {
+            const int m = d - i > 0 ? d - i : 0, w = dp - i >= 32 ? 32 : dp - i;
+            const __m512i x = _mm512_maskz_loadu_epi16(((__mmask32)1 << m) - 1, q + i);
+            scan_words(x, &mn, &mx);
+            uint16_t t[32]; /* (zero past d; through memory: SIMDe has no masked 16-bit store) */
+            _mm512_storeu_si512(t, x);
+            memcpy(o + i, t, (size_t)w * sizeof *t);
+        }
+    }
+    /* (a zero's word wraps to 0xffff in mn and drops out; subnormals are 1 to 0x7f) */
+    if (_mm512_cmplt_epu16_mask(mn, _mm512_set1_epi16(0x7f)) | _mm512_cmpge_epu16_mask(mx, _mm512_set1_epi16(0x7f80)))
+        return false;
+    uint16_t w[32];
+    _mm512_storeu_si512(w, mx);
+    uint16_t big = 0;
+    for (int i = 0; i < 32; i++) big = w[i] > big ? w[i] : big;
+    const uint32_t u = (uint32_t)big << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return !subnormal_keys || fabsf(scale) * (float)d * x <= 0x1p90f;
+}
+
 AI bool scan_fit(__m512i mn, __m512i mx)
 {
     return !(_mm512_cmplt_epu16_mask(mn, _mm512_set1_epi16(BF16_TINY_BITS - 1)) |
@@ -664,12 +701,22 @@ AI __m512 dpbf16_bcst(__m512 acc, __m512bh x, const uint32_t *w)
 #endif
 }
 
+/* Probabilities tested for fp32 subnormals on their bits, two operations per vector: mn keeps
+ * the smallest bits - 1 (unsigned, so +0 wraps to the top and drops out, as do -0 and the
+ * normals), and a positive subnormal, bits 1 to 0x7fffff, leaves it at 0x7ffffe or below. */
+AI __m512i subnormal_min(__m512i mn, __m512 x)
+{
+    return _mm512_min_epu32(mn, _mm512_sub_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(1)));
+}
+
 /* Rows r < nr of the n listed probabilities (column idx[i] of row r of p; idx NULL: column i),
  * rounded to bf16 (vcvtne2ps2bf16: to nearest even) as pairs: pw[r * 32 + i] = (x[2i], x[2i+1]),
- * zero past n. n <= CPU_KT. */
-AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint32_t *pw)
+ * zero past n. n <= CPU_KT. False where some probability is an fp32 subnormal: vdpbf16ps would
+ * take its bf16 as 0 (exp gives them for keys more than 87.3 below the row's maximum). */
+AI bool probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint32_t *pw)
 {
     _Static_assert(CPU_KT == 64, "32 pair words per row");
+    __m512i sub = _mm512_set1_epi32(-1);
     for (int r = 0; r < nr; r++) {
         const float *pr = p + (size_t)r * ldp;
         if (!idx) { /* the columns in order: straight from the row, zeros past n by the masks */
@@ -678,6 +725,7 @@ AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint
                 const int m0 = left >= 16 ? 16 : left, m1 = left >= 32 ? 16 : left > 16 ? left - 16 : 0;
                 const __m512 a = _mm512_maskz_loadu_ps((__mmask16)((1u << m0) - 1), pr + i);
                 const __m512 b = _mm512_maskz_loadu_ps((__mmask16)((1u << m1) - 1), pr + i + 16);
+                sub = subnormal_min(subnormal_min(sub, a), b);
                 __m512bh w = _mm512_cvtne2ps_pbh(b, a);
                 memcpy(pw + (size_t)r * 32 + i / 2, &w, sizeof w);
             }
@@ -688,10 +736,13 @@ AI void probs_pairs(const float *p, int ldp, int nr, const int *idx, int n, uint
         for (; i < n; i++) t[i] = pr[idx[i]];
         for (; i < (n + 31) / 32 * 32; i++) t[i] = 0.0f;
         for (i = 0; i < n; i += 32) {
-            __m512bh b = _mm512_cvtne2ps_pbh(_mm512_load_ps(t + i + 16), _mm512_load_ps(t + i));
+            const __m512 a = _mm512_load_ps(t + i), c = _mm512_load_ps(t + i + 16);
+            sub = subnormal_min(subnormal_min(sub, a), c);
+            __m512bh b = _mm512_cvtne2ps_pbh(c, a);
             memcpy(pw + (size_t)r * 32 + i / 2, &b, sizeof b);
         }
     }
+    return !_mm512_cmple_epu32_mask(sub, _mm512_set1_epi32(0x7ffffe));
 }
 
 /* o[h][0..16) = o[h] * a + x (a: alpha[h], or 1), or (stage) o[h] = x */
@@ -821,7 +872,7 @@ static bool a5b_pv_src_bf16(const void *const *vrows, int nc, const float *p, in
         nv = nc;
     }
     uint32_t pw[16 * 32] __attribute__((aligned(64)));
-    probs_pairs(p, ldp, nr, colmask ? idx : NULL, nv, pw);
+    if (!probs_pairs(p, ldp, nr, colmask ? idx : NULL, nv, pw)) return false;
     float st[4 * 512] __attribute__((aligned(64)));
     __m512i mn = _mm512_set1_epi32(-1), mx = _mm512_setzero_si512();
     const int g0 = nr < 4 ? nr : 4, ng = (nr + 3) / 4;
@@ -879,10 +930,8 @@ AI void pvtb_block(int R, int NV, const uint32_t *pw, const uint32_t *vt2, int n
         for (int u = 0; u < NV; u++) pv_out(o + (size_t)h * dp + j + 16 * u, acc[h * NV + u], alpha, h, false);
 }
 
-AI void pvtb_rows(int R, const float *p, int ldp, const uint32_t *vt2, int nc, int dp, const float *alpha, float *o)
+AI void pvtb_rows(int R, const uint32_t *pw, const uint32_t *vt2, int nc, int dp, const float *alpha, float *o)
 {
-    uint32_t pw[12 * 32] __attribute__((aligned(64)));
-    probs_pairs(p, ldp, R, NULL, nc, pw);
     const int NVM = 12 / R > 8 ? 8 : 12 / R, np = (nc + 1) / 2;
     for (int j = 0; j < dp;) {
         const int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
@@ -905,32 +954,39 @@ AI void pvtb_rows(int R, const float *p, int ldp, const uint32_t *vt2, int nc, i
     }
 }
 
-/* Rows in groups of 12 (one vector each), the rest in groups of at most 6. */
-static void a5b_pv_bf16(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
+/* Every row's probabilities as pairs first (so that a subnormal one declines the call before
+ * anything is written), then rows in groups of 12 (one vector each), the rest in groups of at
+ * most 6. */
+static bool a5b_pv_bf16(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
                         float *o, const pa__cpu_pf *pf)
 {
+    uint32_t pw[CPU_ROWS * 32] __attribute__((aligned(64)));
+    if (nr > CPU_ROWS || nc > CPU_KT || !probs_pairs(p, ldp, nr, NULL, nc, pw)) return false;
     const int ng = (nr + 11) / 12;
     for (int r = 0, take; r < nr; r += take) {
         take = nr - r >= 12 ? 12 : (nr - r > 6 ? 6 : nr - r);
         pf_share(pf, r / 12, ng);
-        const float *pr = p + (size_t)r * ldp, *ar = alpha ? alpha + r : NULL;
+        const uint32_t *pr = pw + (size_t)r * 32;
+        const float *ar = alpha ? alpha + r : NULL;
         float *orow = o + (size_t)r * dp;
         switch (take) {
-        case 12: pvtb_rows(12, pr, ldp, vt2, nc, dp, ar, orow); break;
-        case 6: pvtb_rows(6, pr, ldp, vt2, nc, dp, ar, orow); break;
-        case 5: pvtb_rows(5, pr, ldp, vt2, nc, dp, ar, orow); break;
-        case 4: pvtb_rows(4, pr, ldp, vt2, nc, dp, ar, orow); break;
-        case 3: pvtb_rows(3, pr, ldp, vt2, nc, dp, ar, orow); break;
-        case 2: pvtb_rows(2, pr, ldp, vt2, nc, dp, ar, orow); break;
-        default: pvtb_rows(1, pr, ldp, vt2, nc, dp, ar, orow); break;
+        case 12: pvtb_rows(12, pr, vt2, nc, dp, ar, orow); break;
+        case 6: pvtb_rows(6, pr, vt2, nc, dp, ar, orow); break;
+        case 5: pvtb_rows(5, pr, vt2, nc, dp, ar, orow); break;
+        case 4: pvtb_rows(4, pr, vt2, nc, dp, ar, orow); break;
+        case 3: pvtb_rows(3, pr, vt2, nc, dp, ar, orow); break;
+        case 2: pvtb_rows(2, pr, vt2, nc, dp, ar, orow); break;
+        default: pvtb_rows(1, pr, vt2, nc, dp, ar, orow); break;
         }
     }
+    return true;
 }
 
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi)
 {
     k->name = "avx512bf16";
     k->qk_src_bf16 = a5b_qk_src_bf16;
+    k->q16_load = a5b_q16_load;
     k->qk_src_e4m3_bf16 = vbmi ? a5b_qk_src_e4m3_lut : a5b_qk_src_e4m3;
     k->qk_e4m3_bf16_rows = vbmi ? 1 : 7;
     k->qk_e4m3_bf16_dims = vbmi ? 16 : 32;

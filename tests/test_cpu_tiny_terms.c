@@ -1,0 +1,222 @@
+/* test_cpu_tiny_terms.c: terms at the bottom of fp32's range keep their value on every ISA path
+ * of the cpu backend, as the contract's fp32 arithmetic with subnormals has them (an independent
+ * oracle found both faults below; bench/NOTES.md, thirty-sixth pass).
+ *  - Weights: a key whose logit lies more than 87.3 below its row's maximum weighs exp(s - m),
+ *    an fp32 subnormal (0 beyond -103.97), not 2^-126: the SIMD exps had clamped their argument
+ *    at -87.3. Made visible by V values of 2^126 on such keys, one output dim per key (logits
+ *    88 to 96 and 120 below the others), over f32 and bf16 caches (bf16: the bf16 dot-product
+ *    PV must leave a subnormal probability to the fp32 kernels, since vdpbf16ps takes it as 0),
+ *    in a decode (one KV split and several), a prompt and a chunked prefill.
+ *  - Scores: bf16 queries over bf16 keys whose product is far from both operands' ranges:
+ *    queries of 2^126 over keys of 2^-130 (a bf16 subnormal), queries of 2^-130 over keys of
+ *    2^126, and queries of 2^-130 over E4M3 keys of 448 with k_scale 2^118. Each such key scores
+ *    4 to 7 where the others score 0; vdpbf16ps (AVX512-BF16), which takes subnormal operands as
+ *    zero, would score it 0 too and weigh every key alike.
+ * Each path against the reference (double precision), within fp32 rounding of the subnormal
+ * weights (or, over a bf16 cache, the contract's rounding of the probabilities to bf16), and
+ * the reference itself against the closed forms for one row. */
+#define _POSIX_C_SOURCE 200809L
+#include "test.h"
+#include "test_cpu_isa.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+enum { H = 8, HKV = 2, D = 64, BS = 16, NFAR = 6 };
+
+typedef enum { WEIGHTS, Q_BIG, Q_TINY, Q_TINY_FP8 } kind;
+
+typedef struct {
+    kind what;
+    pa_dtype cache_dtype;
+    int64_t ctx, qlen;
+    int64_t special[NFAR]; /* key positions: far logits (WEIGHTS) or the scoring keys */
+} scenario;
+
+static const float gaps[NFAR] = {88, 90, 92, 94, 96, 120};
+#define VBIG 0x1p126f
+
+static int special_index(const scenario *sc, int64_t j)
+{
+    for (int i = 0; i < NFAR; i++)
+        if (sc->special[i] == j) return i;
+    return -1;
+}
+
+/* key j's K and V at (head, dim), as floats (before the cache's dtype) */
+static float key_value(const scenario *sc, int64_t j, int d, bool value)
+{
+    const int s = special_index(sc, j);
+    if (sc->what == WEIGHTS) {
+        if (value) return s >= 0 && d == 1 + s ? VBIG : 0.0f;
+        return s >= 0 && d == 0 ? -gaps[s] : 0.0f;
+    }
+    if (value) return s >= 0 && d == 0 ? 1.0f : 0.0f;
+    if (s < 0) return 0.0f;
+    return sc->what == Q_BIG ? 0x1p-130f : sc->what == Q_TINY ? 0x1p126f : 448.0f;
+}
+
+static float query_value(const scenario *sc, int d)
+{
+    if (sc->what == WEIGHTS) return d == 0 ? 1.0f : 0.0f;
+    return sc->what == Q_BIG ? 0x1p126f : 0x1p-130f;
+}
+
+static void store(pa_dtype dt, void *base, int64_t i, float x)
+{
+    switch (dt) {
+    case PA_DTYPE_F32: ((float *)base)[i] = x; break;
+    case PA_DTYPE_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(x); break;
+    default: ((uint8_t *)base)[i] = pa_f32_to_fp8e4m3(x); break; /* (448 and 1 are codes) */
+    }
+}
+
+static void run(const pa_backend *be, const pa_layer *layer, const scenario *sc, pa_cache *cache,
+                const int32_t *table, int32_t nb, const void *q, const float *k, const float *v, float *out,
+                float *lse)
+{
+    pa_context *ctx = NULL;
+    pa_batch *batch = NULL;
+    pa_seq seq = {.context_len = sc->ctx, .query_len = sc->qlen, .is_prefill = sc->qlen > 1,
+                  .block_table = table, .num_blocks = nb};
+    pa_batch_config bc = {.block_size = BS, .num_blocks = nb};
+    CHECK_OK(pa_context_create(be, NULL, &ctx));
+    CHECK_OK(pa_batch_create(&bc, &seq, 1, &batch));
+    for (int64_t i = 0; i < sc->qlen * H * D; i++) out[i] = -12345.0f;
+    for (int64_t i = 0; i < sc->qlen * H; i++) lse[i] = -12345.0f;
+    pa_forward_args a = {.q = q, .k = k, .v = v, .cache = cache, .out = out, .lse = lse};
+    CHECK_OK(pa_attn_forward(ctx, layer, batch, NULL, &a));
+    pa_batch_destroy(batch);
+    pa_context_destroy(ctx);
+}
+
+static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc)
+{
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, H, HKV, D);
+    cfg.scale = 1.0f;
+    cfg.cache_dtype = sc->cache_dtype;
+    const bool q16 = sc->what != WEIGHTS;
+    if (q16) cfg.q_dtype = PA_DTYPE_BF16; /* (the output stays f32) */
+    if (sc->what == Q_TINY_FP8) cfg.k_scale = 0x1p118f;
+    pa_layer *layer = NULL;
+    CHECK_OK(pa_layer_create(&cfg, &layer));
+    const int64_t n = sc->ctx + sc->qlen;
+    const int32_t nb = (int32_t)((n + BS - 1) / BS) + 1;
+    pa_cache cache;
+    CHECK_OK(pa_cache_init(&cache, PA_LAYOUT_HND, sc->cache_dtype, nb, BS, HKV, D));
+    CHECK_OK(pa_cache_alloc(&cache));
+    int32_t *table = malloc(sizeof *table * (size_t)nb);
+    for (int32_t b = 0; b < nb; b++) table[b] = nb - 1 - b;
+    for (int64_t j = 0; j < sc->ctx; j++)
+        for (int kh = 0; kh < HKV; kh++)
+            for (int d = 0; d < D; d++) {
+                int64_t e = table[j / BS] * cache.block_stride + (j % BS) * cache.token_stride + kh * cache.head_stride + d;
+                store(sc->cache_dtype, cache.key, e, key_value(sc, j, d, false));
+                store(sc->cache_dtype, cache.value, e, key_value(sc, j, d, true));
+            }
+    const size_t nq = (size_t)(sc->qlen * H * D), nk = (size_t)(sc->qlen * HKV * D);
+    float *qf = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
+    uint16_t *qb = malloc(sizeof(uint16_t) * nq);
+    for (size_t i = 0; i < nq; i++) qf[i] = query_value(sc, (int)(i % D)), qb[i] = pa_f32_to_bf16(qf[i]);
+    for (int64_t t = 0; t < sc->qlen; t++)
+        for (int kh = 0; kh < HKV; kh++)
+            for (int d = 0; d < D; d++) {
+                k[(t * HKV + kh) * D + d] = key_value(sc, sc->ctx + t, d, false);
+                v[(t * HKV + kh) * D + d] = key_value(sc, sc->ctx + t, d, true);
+            }
+    /* (an E4M3 step's own 448 would be quantized by k_scale: the scoring keys are cached ones) */
+    if (sc->what == Q_TINY_FP8)
+        for (int i = 0; i < NFAR; i++) CHECK(sc->special[i] < sc->ctx);
+    const void *q = q16 ? (const void *)qb : (const void *)qf;
+    const size_t nl = (size_t)(sc->qlen * H);
+    float *want = malloc(sizeof(float) * nq), *got = malloc(sizeof(float) * nq);
+    float *wlse = malloc(sizeof(float) * nl), *glse = malloc(sizeof(float) * nl);
+    unsetenv("PAGEDATTN_CPU_ISA");
+    run(ref, layer, sc, &cache, table, nb, q, k, v, want, wlse);
+
+    /* the reference against the closed form, in the last row (which sees every key), with the
+     * plain keys (score 0) weighing 1 each: the ratio is the same whatever m is */
+    {
+        const int64_t t = sc->qlen - 1;
+        double l = 0, num[D] = {0};
+        const double score = sc->what == Q_BIG || sc->what == Q_TINY ? 4.0 : 7.0;
+        for (int64_t j = 0; j < n; j++) {
+            const int s = special_index(sc, j);
+            double w = s < 0 ? 1.0 : sc->what == WEIGHTS ? exp(-(double)gaps[s]) : exp(score);
+            l += w;
+            if (s >= 0) num[sc->what == WEIGHTS ? 1 + s : 0] += w * (sc->what == WEIGHTS ? (double)VBIG : 1.0);
+        }
+        for (int d = 0; d < D; d++) {
+            const double x = num[d] / l, y = want[t * H * D + d];
+            CHECK(fabs(x - y) <= 1e-5 * fabs(x) + 1e-30);
+        }
+    }
+
+    int ran = 0;
+    for (int i = 0; i < TEST_CPU_NISA; i++) {
+        if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
+        run(cpu, layer, sc, &cache, table, nb, q, k, v, got, glse);
+        ran++;
+        int bad = 0;
+        for (int64_t t = 0; t < sc->qlen; t++) {
+            /* the row's plain keys: each weighs exp(0 - m) >= 2^-10 of the special ones' sum */
+            double rows = 0;
+            for (int64_t j = 0; j <= sc->ctx + t; j++) rows += special_index(sc, j) < 0;
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < D; d++) {
+                    const size_t e = (size_t)((t * H + h) * D + d);
+                    const double w = want[e], g = got[e];
+                    /* fp32 rounding of each subnormal weight (an absolute 2^-149, times 2^126 / l)
+                     * and of everything else; bf16 caches may round the probabilities to bf16 */
+                    double tol = (sc->what == WEIGHTS ? 0x1p-148 * (double)VBIG / rows : 0.0) +
+                                 (sc->cache_dtype == PA_DTYPE_BF16 || q16 ? 0x1p-7 : 2e-3) * fabs(w) + 1e-30;
+                    if (!(fabs(w - g) <= tol) && bad++ < 3)
+                        TEST_FAIL("kind %d, %s cache, ctx %lld + %lld, isa %s: out[t=%lld][h=%d][d=%d] = %g, "
+                                  "reference %g", (int)sc->what, pa_dtype_name(sc->cache_dtype), (long long)sc->ctx,
+                                  (long long)sc->qlen, test_cpu_isas[i], (long long)t, h, d, g, w);
+                }
+        }
+        for (size_t e = 0; e < nl; e++)
+            if (!(fabs((double)wlse[e] - glse[e]) <= 1e-5 * (1.0 + fabs((double)wlse[e]))) && bad++ < 3)
+                TEST_FAIL("kind %d, %s cache, ctx %lld + %lld, isa %s: lse[%zu] = %g, reference %g", (int)sc->what,
+                          pa_dtype_name(sc->cache_dtype), (long long)sc->ctx, (long long)sc->qlen, test_cpu_isas[i], e,
+                          glse[e], wlse[e]);
+        test__checks++;
+    }
+    CHECK(ran >= 1);
+    unsetenv("PAGEDATTN_CPU_ISA");
+    free(want), free(got), free(wlse), free(glse), free(qf), free(qb), free(k), free(v), free(table);
+    pa_cache_free(&cache);
+    pa_layer_destroy(layer);
+}
+
+int main(void)
+{
+    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
+    if (!cpu) {
+        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
+        return 77;
+    }
+    static const pa_dtype wcaches[] = {PA_DTYPE_F32, PA_DTYPE_BF16};
+    for (int c = 0; c < 2; c++) {
+        const pa_dtype dt = wcaches[c];
+        const scenario s[] = {
+            {WEIGHTS, dt, 299, 1, {5, 77, 150, 222, 260, 298}},         /* decode, one KV split */
+            {WEIGHTS, dt, 2999, 1, {5, 600, 1100, 1700, 2300, 2998}}, /* several, merged */
+            {WEIGHTS, dt, 0, 48, {2, 9, 17, 25, 33, 41}},              /* a prompt */
+            {WEIGHTS, dt, 100, 20, {3, 30, 60, 90, 101, 110}},         /* a chunked prefill */
+        };
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) one(cpu, ref, &s[i]);
+    }
+    const scenario q[] = {
+        {Q_BIG, PA_DTYPE_BF16, 299, 1, {5, 77, 150, 222, 260, 299}},
+        {Q_BIG, PA_DTYPE_BF16, 0, 40, {2, 9, 17, 25, 33, 39}},
+        {Q_TINY, PA_DTYPE_BF16, 299, 1, {5, 77, 150, 222, 260, 299}},
+        {Q_TINY, PA_DTYPE_BF16, 0, 40, {2, 9, 17, 25, 33, 39}},
+        {Q_TINY_FP8, PA_DTYPE_FP8_E4M3, 299, 1, {5, 77, 150, 222, 260, 298}},
+        {Q_TINY_FP8, PA_DTYPE_FP8_E4M3, 60, 40, {2, 9, 17, 25, 33, 59}},
+    };
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) one(cpu, ref, &q[i]);
+    return test_exit();
+}
