@@ -23,4 +23,27 @@ static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)
 static const char *const test_cpu_fp8_forms[] = {"f16", "bf16"};
 #define TEST_CPU_NFP8 2
 
+/* out and lse (f32, poisoned first: nout and nlse elements) of one forward of one sequence
+ * (context_len ctx, query_len qlen, block_size bs over the nb blocks of table) by `be`, its ISA
+ * from the environment */
+static inline void test_cpu_forward_one(const pa_backend *be, const pa_layer *layer, int64_t ctx, int64_t qlen,
+                                        int32_t bs, pa_cache *cache, const int32_t *table, int32_t nb,
+                                        const void *q, const float *k, const float *v, float *out, size_t nout,
+                                        float *lse, size_t nlse)
+{
+    pa_context *c = NULL;
+    pa_batch *batch = NULL;
+    pa_seq seq = {.context_len = ctx, .query_len = qlen, .is_prefill = qlen > 1, .block_table = table,
+                  .num_blocks = nb};
+    pa_batch_config bc = {.block_size = bs, .num_blocks = nb};
+    CHECK_OK(pa_context_create(be, NULL, &c));
+    CHECK_OK(pa_batch_create(&bc, &seq, 1, &batch));
+    for (size_t i = 0; i < nout; i++) out[i] = -12345.0f;
+    for (size_t i = 0; i < nlse; i++) lse[i] = -12345.0f;
+    pa_forward_args a = {.q = q, .k = k, .v = v, .cache = cache, .out = out, .lse = lse};
+    CHECK_OK(pa_attn_forward(c, layer, batch, NULL, &a));
+    pa_batch_destroy(batch);
+    pa_context_destroy(c);
+}
+
 #endif

@@ -71,25 +71,6 @@ static void store(pa_dtype dt, void *base, int64_t i, float x)
     }
 }
 
-static void run(const pa_backend *be, const pa_layer *layer, const scenario *sc, pa_cache *cache,
-                const int32_t *table, int32_t nb, const void *q, const float *k, const float *v, float *out,
-                float *lse)
-{
-    pa_context *ctx = NULL;
-    pa_batch *batch = NULL;
-    pa_seq seq = {.context_len = sc->ctx, .query_len = sc->qlen, .is_prefill = sc->qlen > 1,
-                  .block_table = table, .num_blocks = nb};
-    pa_batch_config bc = {.block_size = BS, .num_blocks = nb};
-    CHECK_OK(pa_context_create(be, NULL, &ctx));
-    CHECK_OK(pa_batch_create(&bc, &seq, 1, &batch));
-    for (int64_t i = 0; i < sc->qlen * H * D; i++) out[i] = -12345.0f;
-    for (int64_t i = 0; i < sc->qlen * H; i++) lse[i] = -12345.0f;
-    pa_forward_args a = {.q = q, .k = k, .v = v, .cache = cache, .out = out, .lse = lse};
-    CHECK_OK(pa_attn_forward(ctx, layer, batch, NULL, &a));
-    pa_batch_destroy(batch);
-    pa_context_destroy(ctx);
-}
-
 static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc)
 {
     pa_layer_config cfg;
@@ -133,7 +114,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
     float *want = malloc(sizeof(float) * nq), *got = malloc(sizeof(float) * nq);
     float *wlse = malloc(sizeof(float) * nl), *glse = malloc(sizeof(float) * nl);
     unsetenv("PAGEDATTN_CPU_ISA");
-    run(ref, layer, sc, &cache, table, nb, q, k, v, want, wlse);
+    test_cpu_forward_one(ref, layer, sc->ctx, sc->qlen, BS, &cache, table, nb, q, k, v, want, nq, wlse, nl);
 
     /* the reference against the closed form, in the last row (which sees every key), with the
      * plain keys (score 0) weighing 1 each: the ratio is the same whatever m is */
@@ -156,7 +137,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
     int ran = 0;
     for (int i = 0; i < TEST_CPU_NISA; i++) {
         if (!test_cpu_isa_set(cpu, test_cpu_isas[i])) continue;
-        run(cpu, layer, sc, &cache, table, nb, q, k, v, got, glse);
+        test_cpu_forward_one(cpu, layer, sc->ctx, sc->qlen, BS, &cache, table, nb, q, k, v, got, nq, glse, nl);
         ran++;
         int bad = 0;
         for (int64_t t = 0; t < sc->qlen; t++) {
