@@ -551,7 +551,10 @@ PA_API pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, cons
 /* vLLM's merge_attn_states / FlashInfer's merge_state: combines two partial attentions over
  * disjoint key sets, per (token, head): an LSE of +inf is treated as -inf; M = max(a, b);
  * wa = exp(a - M), wb = exp(b - M); out = (out_a * wa + out_b * wb) / (wa + wb);
- * out_lse = M + ln(wa + wb). Both -inf: out = 0, out_lse = -inf. Tensors [num_tokens,
+ * out_lse = M + ln(wa + wb), in IEEE arithmetic: a NaN LSE makes out and out_lse NaN, and a
+ * part whose weight underflows to 0 still multiplies in (0 times a NaN out is NaN); a part whose
+ * LSE is -inf is empty and adds nothing, whatever its out holds. Both -inf: out = 0, out_lse =
+ * -inf. Tensors [num_tokens,
  * num_heads, head_size] contiguous in `dtype` (f32, f16, bf16); LSEs fp32 with the strides
  * given (0, 0 = [num_tokens, num_heads]); out_lse may be NULL. out may alias neither input. */
 typedef struct pa_merge_args {

@@ -568,6 +568,19 @@ static void test_merge_f32(void)
     CHECK_OK(pa_merge_states(NULL, &m));
     CHECK_NEAR(out[0], 2.0, 1e-6);
     CHECK(out[10] == 0.0f);
+    /* IEEE arithmetic (pagedattn.h): a NaN LSE gives a NaN row and LSE (until 2026-11-30: out 0,
+     * LSE -inf); a part whose weight underflows to 0 still multiplies in, so its NaN shows,
+     * while an empty part's (LSE -inf, t2 above) does not */
+    {
+        const float na[3] = {0.0f, NAN, 0.0f}, nb[3] = {NAN, NAN, -200.0f};
+        const float xa[6] = {1, 2, 3, 4, 5, 6}, xb[6] = {7, 8, 9, 10, NAN, 11};
+        float xo[6], xl[3];
+        pa_merge_args mn = {3, 1, 2, PA_DTYPE_F32, xa, na, xb, nb, xo, xl, 0, 0};
+        CHECK_OK(pa_merge_states(NULL, &mn));
+        CHECK(isnan(xo[0]) && isnan(xo[1]) && isnan(xl[0]));
+        CHECK(isnan(xo[2]) && isnan(xo[3]) && isnan(xl[1]));
+        CHECK(isnan(xo[4]) && xo[5] == 6.0f && xl[2] == 0.0f);
+    }
     /* a lopsided merge: lse 100 vs 0: weight of b is e^-100, out == a to f32 precision */
     const float la2 = 100.0f, lb2 = 0.0f, a2[2] = {1, -1}, b2[2] = {1000, 1000};
     float o2[2], ol2;

@@ -12,6 +12,9 @@
  *    2^126, and queries of 2^-130 over E4M3 keys of 448 with k_scale 2^118. Each such key scores
  *    4 to 7 where the others score 0; vdpbf16ps (AVX512-BF16), which takes subnormal operands as
  *    zero, would score it 0 too and weigh every key alike.
+ *  - Outputs: an fp8 cache whose v_scale is 14 subnormal quanta, every V code 1 and every weight
+ *    1, so every output is v_scale exactly: v_scale / l, the factor the output took before
+ *    2026-11-30, underflowed (0 over 37 keys).
  * Each path against the reference (double precision), within fp32 rounding of the subnormal
  * weights (or, over a bf16 cache, the contract's rounding of the probabilities to bf16), and
  * the reference itself against the closed forms for one row. */
@@ -24,7 +27,7 @@
 
 enum { H = 8, HKV = 2, D = 64, BS = 16, NFAR = 6 };
 
-typedef enum { WEIGHTS, Q_BIG, Q_TINY, Q_TINY_FP8 } kind;
+typedef enum { WEIGHTS, Q_BIG, Q_TINY, Q_TINY_FP8, V_TINY } kind;
 
 typedef struct {
     kind what;
@@ -35,6 +38,7 @@ typedef struct {
 
 static const float gaps[NFAR] = {88, 90, 92, 94, 96, 120};
 #define VBIG 0x1p126f
+#define VS_TINY (14 * 0x1p-149f) /* V_TINY's v_scale: 14 subnormal quanta */
 
 static int special_index(const scenario *sc, int64_t j)
 {
@@ -51,6 +55,7 @@ static float key_value(const scenario *sc, int64_t j, int d, bool value)
         if (value) return s >= 0 && d == 1 + s ? VBIG : 0.0f;
         return s >= 0 && d == 0 ? -gaps[s] : 0.0f;
     }
+    if (sc->what == V_TINY) return value ? 1.0f : 0.0f; /* (cache codes: V = v_scale everywhere) */
     if (value) return s >= 0 && d == 0 ? 1.0f : 0.0f;
     if (s < 0) return 0.0f;
     return sc->what == Q_BIG ? 0x1p-130f : sc->what == Q_TINY ? 0x1p126f : 448.0f;
@@ -59,6 +64,7 @@ static float key_value(const scenario *sc, int64_t j, int d, bool value)
 static float query_value(const scenario *sc, int d)
 {
     if (sc->what == WEIGHTS) return d == 0 ? 1.0f : 0.0f;
+    if (sc->what == V_TINY) return 0.0f;
     return sc->what == Q_BIG ? 0x1p126f : 0x1p-130f;
 }
 
@@ -67,6 +73,7 @@ static void store(pa_dtype dt, void *base, int64_t i, float x)
     switch (dt) {
     case PA_DTYPE_F32: ((float *)base)[i] = x; break;
     case PA_DTYPE_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(x); break;
+    case PA_DTYPE_FP8_E5M2: ((uint8_t *)base)[i] = pa_f32_to_fp8e5m2(x); break;
     default: ((uint8_t *)base)[i] = pa_f32_to_fp8e4m3(x); break; /* (448 and 1 are codes) */
     }
 }
@@ -77,9 +84,10 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
     pa_layer_config_init(&cfg, H, HKV, D);
     cfg.scale = 1.0f;
     cfg.cache_dtype = sc->cache_dtype;
-    const bool q16 = sc->what != WEIGHTS;
+    const bool q16 = sc->what != WEIGHTS && sc->what != V_TINY;
     if (q16) cfg.q_dtype = PA_DTYPE_BF16; /* (the output stays f32) */
     if (sc->what == Q_TINY_FP8) cfg.k_scale = 0x1p118f;
+    if (sc->what == V_TINY) cfg.v_scale = VS_TINY;
     pa_layer *layer = NULL;
     CHECK_OK(pa_layer_create(&cfg, &layer));
     const int64_t n = sc->ctx + sc->qlen;
@@ -104,7 +112,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
         for (int kh = 0; kh < HKV; kh++)
             for (int d = 0; d < D; d++) {
                 k[(t * HKV + kh) * D + d] = key_value(sc, sc->ctx + t, d, false);
-                v[(t * HKV + kh) * D + d] = key_value(sc, sc->ctx + t, d, true);
+                v[(t * HKV + kh) * D + d] = key_value(sc, sc->ctx + t, d, true) * cfg.v_scale; /* (/ v_scale: the code) */
             }
     /* (an E4M3 step's own 448 would be quantized by k_scale: the scoring keys are cached ones) */
     if (sc->what == Q_TINY_FP8)
@@ -129,8 +137,8 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
             if (s >= 0) num[sc->what == WEIGHTS ? 1 + s : 0] += w * (sc->what == WEIGHTS ? (double)VBIG : 1.0);
         }
         for (int d = 0; d < D; d++) {
-            const double x = num[d] / l, y = want[t * H * D + d];
-            CHECK(fabs(x - y) <= 1e-5 * fabs(x) + 1e-30);
+            const double x = sc->what == V_TINY ? (double)VS_TINY : num[d] / l, y = want[t * H * D + d];
+            CHECK(fabs(x - y) <= 1e-5 * fabs(x) + (sc->what == V_TINY ? 0.0 : 1e-30));
         }
     }
 
@@ -152,6 +160,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
                      * and of everything else; bf16 caches may round the probabilities to bf16 */
                     double tol = (sc->what == WEIGHTS ? 0x1p-148 * (double)VBIG / rows : 0.0) +
                                  (sc->cache_dtype == PA_DTYPE_BF16 || q16 ? 0x1p-7 : 2e-3) * fabs(w) + 1e-30;
+                    if (sc->what == V_TINY) tol = 0x1p-149; /* v_scale, one subnormal quantum */
                     if (!(fabs(w - g) <= tol) && bad++ < 3)
                         TEST_FAIL("kind %d, %s cache, ctx %lld + %lld, isa %s: out[t=%lld][h=%d][d=%d] = %g, "
                                   "reference %g", (int)sc->what, pa_dtype_name(sc->cache_dtype), (long long)sc->ctx,
@@ -199,5 +208,15 @@ int main(void)
         {Q_TINY_FP8, PA_DTYPE_FP8_E4M3, 60, 40, {2, 9, 17, 25, 33, 59}},
     };
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) one(cpu, ref, &q[i]);
+    /* a tiny v_scale: every V code 1, every weight 1, so each output is v_scale exactly */
+    static const pa_dtype f8[] = {PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
+    for (int c = 0; c < 2; c++) {
+        const scenario v[] = {
+            {V_TINY, f8[c], 36, 1, {-1, -1, -1, -1, -1, -1}},   /* 37 keys */
+            {V_TINY, f8[c], 2999, 1, {-1, -1, -1, -1, -1, -1}}, /* split, merged */
+            {V_TINY, f8[c], 0, 37, {-1, -1, -1, -1, -1, -1}},   /* a prompt */
+        };
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) one(cpu, ref, &v[i]);
+    }
     return test_exit();
 }

@@ -198,6 +198,18 @@ static void test_merge(pa_context *ctx)
         la[3] = lb[3] = -INFINITY;
         la[4] = INFINITY;
         lb[4] = -INFINITY;
+        /* NaN LSEs (a NaN row and LSE), a weight underflowing to 0 beside a NaN out (NaN shows),
+         * an empty part's NaN out (ignored) */
+        la[5] = NAN;
+        lb[6] = NAN;
+        la[7] = lb[7] = NAN;
+        la[8] = 0.0f, lb[8] = -200.0f;
+        la[9] = -INFINITY, lb[9] = 1.0f;
+        {
+            const float nan = NAN;
+            pa_convert(dt, ob + (size_t)(8 * D + 3) * es, PA_DTYPE_F32, &nan, 1, 1.f);
+            pa_convert(dt, oa + (size_t)(9 * D + 4) * es, PA_DTYPE_F32, &nan, 1, 1.f);
+        }
         pa_merge_args m = {T, Hn, D, dt, oa, la, ob, lb, oh, lh, 0, 0};
         CHECK_OK(pa_merge_states(NULL, &m));
         void *doa = dev_copy(oa, n * es), *dob = dev_copy(ob, n * es), *dout = dev_copy(NULL, n * es);
@@ -215,10 +227,13 @@ static void test_merge(pa_context *ctx)
             float x = 0, y = 0;
             pa_convert(PA_DTYPE_F32, &x, dt, oh + i * es, 1, 1.f);
             pa_convert(PA_DTYPE_F32, &y, dt, od + i * es, 1, 1.f);
-            CHECK_NEAR(y, x, 1e-5 + fabs(x) * (dt == PA_DTYPE_F32 ? 1e-5 : 1.0 / 128));
+            if (isnan(x)) CHECK(isnan(y));
+            else CHECK_NEAR(y, x, 1e-5 + fabs(x) * (dt == PA_DTYPE_F32 ? 1e-5 : 1.0 / 128));
         }
+        CHECK(isnan(lh[5]) && isnan(lh[6]) && isnan(lh[7]) && lh[8] == 0.0f && lh[9] == 1.0f);
         for (int i = 0; i < 15; i++) {
-            if (isinf(lh[i])) CHECK(isinf(ld[i]) && ld[i] < 0 && lh[i] < 0);
+            if (isnan(lh[i])) CHECK(isnan(ld[i]));
+            else if (isinf(lh[i])) CHECK(isinf(ld[i]) && ld[i] < 0 && lh[i] < 0);
             else CHECK_NEAR(ld[i], lh[i], 1e-5 * (1 + fabs(lh[i])));
         }
         H->free_dev(doa), H->free_dev(dob), H->free_dev(dout), H->free_dev(dla), H->free_dev(dlb), H->free_dev(dlo);

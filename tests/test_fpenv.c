@@ -8,8 +8,8 @@
  *    against the reference (the contexts are made in the caller's mode, so the pool's workers
  *    start in it too; the harness computes its inputs and the reference in the default
  *    environment, grid.c);
- *  - pa_merge_states, on the host and on a cpu context, must give the bits of the default
- *    environment;
+ *  - pa_merge_states, on the host and on a cpu context, pa_convert and pa_cache_read_token
+ *    must give the bits of the default environment;
  *  - after those calls the caller's rounding mode, flush bits and exception flags are as they
  *    were (the library raises no flag of its own in the caller's environment). */
 #define _GNU_SOURCE /* feenableexcept (glibc) */
@@ -168,8 +168,60 @@ static void check_merge(pa_context *ctx, const char *where)
     test__checks += 2;
 }
 
+/* pa_convert and pa_cache_read_token (which compute: the scale's quotient or product) give the
+ * default environment's bits: inputs where FTZ/DAZ or rounding upward change them (subnormal
+ * f32 over a scale of 2e-38, E4M3 codes times 2e-38 and times 0.1); until 2026-11-30 both ran
+ * in the caller's environment (bench/NOTES.md, thirty-sixth pass) */
+static void check_convert(void)
+{
+    enum { N = 128 };
+    float src[N], f0[N], f1[N];
+    uint8_t q0[N], q1[N], codes[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t u = 0x00400000u + (uint32_t)i * 0x00010101u; /* f32 subnormals */
+        memcpy(&src[i], &u, sizeof u);
+        codes[i] = (uint8_t)i; /* every non-negative E4M3 code, its NaN included */
+    }
+    const float scales[2] = {2e-38f, 0.1f};
+    for (int k = 0; k < 2; k++) {
+        friendly();
+        CHECK_OK(pa_convert(PA_DTYPE_FP8_E4M3, q0, PA_DTYPE_F32, src, N, 2e-38f));
+        CHECK_OK(pa_convert(PA_DTYPE_F32, f0, PA_DTYPE_FP8_E4M3, codes, N, scales[k]));
+        hostile();
+        feclearexcept(FE_ALL_EXCEPT);
+        feraiseexcept(FE_DIVBYZERO);
+        CHECK_OK(pa_convert(PA_DTYPE_FP8_E4M3, q1, PA_DTYPE_F32, src, N, 2e-38f));
+        CHECK_OK(pa_convert(PA_DTYPE_F32, f1, PA_DTYPE_FP8_E4M3, codes, N, scales[k]));
+        int flags = fetestexcept(FE_ALL_EXCEPT);
+        check_still_hostile("pa_convert");
+        friendly();
+        if (flags != FE_DIVBYZERO) TEST_FAIL("pa_convert: exception flags %#x after the calls, want %#x", flags, FE_DIVBYZERO);
+        if (memcmp(q0, q1, sizeof q0)) TEST_FAIL("pa_convert f32 -> E4M3 / 2e-38: codes differ under FTZ/DAZ");
+        if (memcmp(f0, f1, sizeof f0)) TEST_FAIL("pa_convert E4M3 -> f32 * %g: bits differ under FTZ/DAZ, rounding upward", (double)scales[k]);
+        test__checks += 2;
+    }
+    /* the same products through pa_cache_read_token, from a one-block E4M3 cache */
+    pa_cache c;
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_FP8_E4M3, 1, 1, 1, N));
+    CHECK_OK(pa_cache_alloc(&c));
+    memcpy(c.key, codes, N);
+    memcpy(c.value, codes, N);
+    float k0[N], v0[N], k1[N], v1[N];
+    friendly();
+    CHECK_OK(pa_cache_read_token(&c, 0, 2e-38f, 0.1f, k0, v0));
+    hostile();
+    CHECK_OK(pa_cache_read_token(&c, 0, 2e-38f, 0.1f, k1, v1));
+    check_still_hostile("pa_cache_read_token");
+    friendly();
+    if (memcmp(k0, k1, sizeof k0) || memcmp(v0, v1, sizeof v0))
+        TEST_FAIL("pa_cache_read_token: bits differ under FTZ/DAZ, rounding upward");
+    test__checks++;
+    pa_cache_free(&c);
+}
+
 int main(void)
 {
+    check_convert();
     const pa_backend *cpu = pa_backend_find("cpu");
     if (!cpu) {
         printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");

@@ -902,8 +902,10 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         backend: optional backend name whose context runs the merge.
 
     Per (token, head): ``M = max(a, b)``, ``wa = exp(a - M)``, ``wb = exp(b - M)``,
-    ``out = (out_a * wa + out_b * wb) / (wa + wb)``, ``lse = M + log(wa + wb)``; both parts
-    empty gives out = 0 and lse = -inf.
+    ``out = (out_a * wa + out_b * wb) / (wa + wb)``, ``lse = M + log(wa + wb)`` in IEEE
+    arithmetic (a NaN LSE gives NaN out and lse; a part whose weight underflows to 0 still
+    multiplies in, so a NaN in its output shows); a part whose lse is -inf is empty and adds
+    nothing, whatever its output holds; both parts empty gives out = 0 and lse = -inf.
     """
     ov = A.float_view(output, "output", write=True)
     A.check_ndim(ov, "output", 3, "[num_tokens, num_heads, head_size]")

@@ -143,16 +143,21 @@ def merge(out_a, lse_a, out_b, lse_b):
     """merge_states: per (token, head); LSEs [T, H]; +inf means -inf."""
     a = np.where(np.isposinf(lse_a), -np.inf, to_f64(lse_a))
     b = np.where(np.isposinf(lse_b), -np.inf, to_f64(lse_b))
-    M = np.maximum(a, b)
-    ok = np.isfinite(M)
-    Ms = np.where(ok, M, 0.0)
-    wa = np.where(ok, np.exp(a - Ms), 0.0)
-    wb = np.where(ok, np.exp(b - Ms), 0.0)
-    den = wa + wb
-    dsafe = np.where(ok, den, 1.0)
-    out = (to_f64(out_a) * (wa / dsafe)[..., None] + to_f64(out_b) * (wb / dsafe)[..., None])
-    out = np.where(ok[..., None], out, 0.0)
-    lse = np.where(ok, Ms + np.log(np.where(ok, den, 1.0)), -np.inf)
+    M = np.maximum(a, b)  # NaN where either is NaN: the row and its lse NaN, as IEEE has it
+    empty = M == -np.inf
+    Ms = np.where(empty, 0.0, M)
+    with np.errstate(invalid="ignore"):
+        wa = np.where(empty, 0.0, np.exp(a - Ms))
+        wb = np.where(empty, 0.0, np.exp(b - Ms))
+        den = wa + wb
+        dsafe = np.where(empty, 1.0, den)
+        # an empty part (lse -inf) adds nothing, whatever its out holds
+        ta = np.where((a == -np.inf)[..., None], 0.0, to_f64(out_a) * (wa / dsafe)[..., None])
+        tb = np.where((b == -np.inf)[..., None], 0.0, to_f64(out_b) * (wb / dsafe)[..., None])
+        out = ta + tb
+    out = np.where(empty[..., None], 0.0, out)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(empty, -np.inf, Ms + np.log(dsafe))
     return out, lse
 
 

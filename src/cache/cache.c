@@ -146,6 +146,8 @@ pa_status pa_cache_read_token(const pa_cache *c, int64_t slot, float k_scale, fl
                         (long long)slot, (long long)(c->num_blocks * c->block_size));
     float ks = pa__dtype_is_fp8(c->dtype) ? k_scale : 1.0f;
     float vs = pa__dtype_is_fp8(c->dtype) ? v_scale : 1.0f;
+    pa__fpenv fe; /* (the products in the default environment, as every call that computes) */
+    pa__fpenv_enter(&fe);
     for (int32_t h = 0; h < c->num_kv_heads; h++) {
         int64_t off = pa__cache_offset(c, slot / c->block_size, slot % c->block_size, h);
         for (int32_t d = 0; d < c->head_size; d++) {
@@ -154,6 +156,7 @@ pa_status pa_cache_read_token(const pa_cache *c, int64_t slot, float k_scale, fl
                 value_out[h * c->head_size + d] = pa__load_f32(c->dtype, c->value, off + d) * vs;
         }
     }
+    pa__fpenv_leave(&fe);
     return PA_STATUS_OK;
 }
 
@@ -230,21 +233,24 @@ void pa__merge_states_host(const pa_merge_args *a)
             float la = a->lse_a[li], lb = a->lse_b[li];
             if (la == INFINITY) la = -INFINITY;
             if (lb == INFINITY) lb = -INFINITY;
-            float m = la > lb ? la : lb;
-            float wa = 0.0f, wb = 0.0f;
-            if (m != -INFINITY) {
-                wa = expf(la - m);
-                wb = expf(lb - m);
-            }
-            float sum = wa + wb;
-            float ca = sum > 0 ? wa / sum : 0.0f, cb = sum > 0 ? wb / sum : 0.0f;
+            /* the header's formula as IEEE arithmetic has it: a NaN LSE makes the row and its
+             * LSE NaN; a part of weight 0 by underflow still multiplies in (0 times a NaN out is
+             * NaN); only an empty part (LSE -inf) adds nothing, whatever its out holds. (Until
+             * 2026-11-30 a NaN LSE gave "both empty" and any weight of 0 skipped its part: an
+             * independent oracle found it, bench/NOTES.md, thirty-sixth pass.) */
+            const float m = isnan(la) || isnan(lb) ? NAN : la > lb ? la : lb;
+            const bool empty = m == -INFINITY;
+            const float wa = empty ? 0.0f : expf(la - m), wb = empty ? 0.0f : expf(lb - m);
+            const float sum = wa + wb;
+            const float ca = empty ? 0.0f : wa / sum, cb = empty ? 0.0f : wb / sum;
+            const bool ua = la != -INFINITY, ub = lb != -INFINITY; /* the parts that count */
             int64_t base = (t * a->num_heads + h) * (int64_t)a->head_size;
             for (int32_t d = 0; d < a->head_size; d++) {
                 float x = 0.0f;
-                if (ca > 0) x += pa__load_f32(a->dtype, a->out_a, base + d) * ca;
-                if (cb > 0) x += pa__load_f32(a->dtype, a->out_b, base + d) * cb;
+                if (ua) x += pa__load_f32(a->dtype, a->out_a, base + d) * ca;
+                if (ub) x += pa__load_f32(a->dtype, a->out_b, base + d) * cb;
                 pa__store_f32(a->dtype, a->out, base + d, x);
             }
-            if (a->out_lse) a->out_lse[li] = sum > 0 ? m + logf(sum) : -INFINITY;
+            if (a->out_lse) a->out_lse[li] = empty ? -INFINITY : m + logf(sum);
         }
 }

@@ -244,6 +244,11 @@ pa_status pa_convert(pa_dtype dst_dtype, void *dst, pa_dtype src_dtype, const vo
         memcpy(dst, src, n * dsize);
         return PA_STATUS_OK;
     }
+    /* the scale's division or product in the default environment, whatever the caller's
+     * (pagedattn.h; this call ran in the caller's until 2026-11-30: bench/NOTES.md, thirty-sixth
+     * pass) */
+    pa__fpenv fe;
+    pa__fpenv_enter(&fe);
     if (dst_fp8 && !src_fp8) {
         for (size_t i = 0; i < n; i++)
             pa__store_f32(dst_dtype, dst, (int64_t)i,
@@ -256,5 +261,6 @@ pa_status pa_convert(pa_dtype dst_dtype, void *dst, pa_dtype src_dtype, const vo
         for (size_t i = 0; i < n; i++)
             pa__store_f32(dst_dtype, dst, (int64_t)i, pa__load_f32(src_dtype, src, (int64_t)i));
     }
+    pa__fpenv_leave(&fe);
     return PA_STATUS_OK;
 }

@@ -79,18 +79,21 @@ __global__ void merge_kernel(int dtype, int num_heads, int head_size, const void
     float a = lse_a[li], b = lse_b[li];
     if (a == INFINITY) a = -INFINITY;
     if (b == INFINITY) b = -INFINITY;
-    const float M = fmaxf(a, b);
-    const bool empty = M == -INFINITY || isnan(M);
-    const float wa = empty || a == -INFINITY ? 0.f : expf(a - M);
-    const float wb = empty || b == -INFINITY ? 0.f : expf(b - M);
+    /* the header's formula in IEEE arithmetic, as pa__merge_states_host: a NaN LSE gives a NaN
+     * row and LSE, a part of weight 0 by underflow still multiplies in, an empty part (LSE
+     * -inf) adds nothing whatever its out holds */
+    const float M = isnan(a) || isnan(b) ? NAN : fmaxf(a, b);
+    const bool empty = M == -INFINITY;
+    const float wa = empty ? 0.f : expf(a - M);
+    const float wb = empty ? 0.f : expf(b - M);
     const float den = wa + wb;
     const int64_t base = (i * num_heads + h) * (int64_t)head_size;
     for (int d = (int)threadIdx.x; d < head_size; d += blockDim.x) {
         float o = 0.f;
         if (!empty) {
             float acc = 0.f;
-            if (wa > 0.f) acc += pa_cu_load(dtype, out_a, base + d) * wa;
-            if (wb > 0.f) acc += pa_cu_load(dtype, out_b, base + d) * wb;
+            if (a != -INFINITY) acc += pa_cu_load(dtype, out_a, base + d) * wa;
+            if (b != -INFINITY) acc += pa_cu_load(dtype, out_b, base + d) * wb;
             o = acc / den;
         }
         pa_cu_store(dtype, out, base + d, o);
