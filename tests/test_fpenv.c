@@ -195,9 +195,11 @@ static void check_convert(void)
         int flags = fetestexcept(FE_ALL_EXCEPT);
         check_still_hostile("pa_convert");
         friendly();
-        if (flags != FE_DIVBYZERO) TEST_FAIL("pa_convert: exception flags %#x after the calls, want %#x", flags, FE_DIVBYZERO);
+        if (flags != FE_DIVBYZERO)
+            TEST_FAIL("pa_convert: exception flags %#x after the calls, want %#x", flags, FE_DIVBYZERO);
         if (memcmp(q0, q1, sizeof q0)) TEST_FAIL("pa_convert f32 -> E4M3 / 2e-38: codes differ under FTZ/DAZ");
-        if (memcmp(f0, f1, sizeof f0)) TEST_FAIL("pa_convert E4M3 -> f32 * %g: bits differ under FTZ/DAZ, rounding upward", (double)scales[k]);
+        if (memcmp(f0, f1, sizeof f0))
+            TEST_FAIL("pa_convert E4M3 -> f32 * %g: bits differ under FTZ/DAZ, rounding upward", (double)scales[k]);
         test__checks += 2;
     }
     /* the same products through pa_cache_read_token, from a one-block E4M3 cache */

@@ -328,10 +328,11 @@ static float a2_row_max(const float *s, int n)
  * by ln 2 and a degree-6 polynomial (Cephes expf's coefficients), ~1 ulp. Below -87.3 the result
  * is an fp32 subnormal (down to -103.97) or 0, as the contract's fp32 exp has it: p 2^n (n in
  * [-150, 0]) is built as (2^-64 p) 2^(n + 64), both factors normal, the first one exactly 2^-64
- * times Cephes' polynomial (its coefficients scaled, no operation more), the product rounded once:
- * the same bits as p times 2^n wherever the result is normal. (Until 2026-11-30 inputs were clamped at -87.3, so a key more than
- * 87.3 below its row's maximum weighed 2^-126: an independent oracle found it, bench/NOTES.md,
- * thirty-sixth pass.) Inputs below -104 give 0 (the caller zeroes -inf lanes). */
+ * times Cephes' polynomial (its coefficients scaled, no operation more), the product rounded
+ * once: the same bits as p times 2^n wherever the result is normal. (Until 2026-11-30 inputs
+ * were clamped at -87.3, so a key more than 87.3 below its row's maximum weighed 2^-126: an
+ * independent oracle found it, bench/NOTES.md, thirty-sixth pass.) Inputs below -104 give 0
+ * (the caller zeroes -inf lanes). */
 static inline __m256 exp8(__m256 x)
 {
     x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));

@@ -642,10 +642,11 @@ static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, fl
 
 /* The AVX2 path's exp8 at 16 lanes (the same constants and, but for the last step's vscalefps,
  * operations; the same bits per element): Cody-Waite reduction by ln 2, Cephes expf's degree-6
- * polynomial, ~1 ulp; inputs clamped to [-104, 0] (the softmax's s - m). Below -87.3 the result is an fp32
- * subnormal or 0, as the contract's fp32 exp has it (vscalefps rounds p 2^n once, subnormals
- * kept in the default environment); until 2026-11-30 the clamp was at -87.3, and a key more than
- * 87.3 below its row's maximum weighed 2^-126 (bench/NOTES.md, thirty-sixth pass). */
+ * polynomial, ~1 ulp; inputs clamped to [-104, 0] (the softmax's s - m). Below -87.3 the result
+ * is an fp32 subnormal or 0, as the contract's fp32 exp has it (vscalefps rounds p 2^n once,
+ * subnormals kept in the default environment); until 2026-11-30 the clamp was at -87.3, and a
+ * key more than 87.3 below its row's maximum weighed 2^-126 (bench/NOTES.md, thirty-sixth
+ * pass). */
 AI __m512 exp16(__m512 x)
 {
     x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
