@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_cpu_isa.h"
+#include "internal.h" /* pa__store_f32: a value rounded once to the cache dtype */
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -68,16 +69,6 @@ static float query_value(const scenario *sc, int d)
     return sc->what == Q_BIG ? 0x1p126f : 0x1p-130f;
 }
 
-static void store(pa_dtype dt, void *base, int64_t i, float x)
-{
-    switch (dt) {
-    case PA_DTYPE_F32: ((float *)base)[i] = x; break;
-    case PA_DTYPE_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(x); break;
-    case PA_DTYPE_FP8_E5M2: ((uint8_t *)base)[i] = pa_f32_to_fp8e5m2(x); break;
-    default: ((uint8_t *)base)[i] = pa_f32_to_fp8e4m3(x); break; /* (448 and 1 are codes) */
-    }
-}
-
 static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc)
 {
     pa_layer_config cfg;
@@ -101,8 +92,8 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
         for (int kh = 0; kh < HKV; kh++)
             for (int d = 0; d < D; d++) {
                 int64_t e = table[j / BS] * cache.block_stride + (j % BS) * cache.token_stride + kh * cache.head_stride + d;
-                store(sc->cache_dtype, cache.key, e, key_value(sc, j, d, false));
-                store(sc->cache_dtype, cache.value, e, key_value(sc, j, d, true));
+                pa__store_f32(sc->cache_dtype, cache.key, e, key_value(sc, j, d, false));
+                pa__store_f32(sc->cache_dtype, cache.value, e, key_value(sc, j, d, true));
             }
     const size_t nq = (size_t)(sc->qlen * H * D), nk = (size_t)(sc->qlen * HKV * D);
     float *qf = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
