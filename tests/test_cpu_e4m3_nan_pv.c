@@ -50,7 +50,7 @@ int main(void)
     pa__cpu_kernels k;
     pa__cpu_kernels_init_generic(&k);
     if (pa__cpu_kernels_init_avx2) pa__cpu_kernels_init_avx2(&k); /* (as the backend builds the table) */
-    pa__cpu_kernels_init_avx512(&k, false);
+    pa__cpu_kernels_init_avx512(&k, false, false);
     CHECK(k.pv_src != NULL);
     if (!k.pv_src) return test_exit();
 

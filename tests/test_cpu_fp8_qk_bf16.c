@@ -104,7 +104,7 @@ int main(void)
     for (int v = feat.avx512vbmi ? 1 : 0; v >= 0; v--) {
         pa__cpu_kernels k;
         pa__cpu_kernels_init_generic(&k);
-        pa__cpu_kernels_init_avx512(&k, false);
+        pa__cpu_kernels_init_avx512(&k, false, false);
         pa__cpu_kernels_init_avx512bf16(&k, v != 0);
         CHECK(k.qk_src_e4m3_bf16 != NULL && k.qk_e4m3_bf16_rows >= 1 && k.qk_e4m3_bf16_rows <= 8 &&
               k.qk_e4m3_bf16_dims >= 16);

@@ -17,11 +17,11 @@ static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)
     return 1;
 }
 
-/* The E4M3 decode conversions (PAGEDATTN_CPU_FP8, read when a context is created): the backend
- * picks one by CPU vendor; tests of fp8 run both on every ISA path (the paths without bf16-word
- * kernels run f16 forms either way). */
-static const char *const test_cpu_fp8_forms[] = {"f16", "bf16"};
-#define TEST_CPU_NFP8 2
+/* The fp8 decode conversions (PAGEDATTN_CPU_FP8, read when a context is created): the backend
+ * picks one by CPU vendor; tests of fp8 run each on every ISA path (the paths without bf16-word
+ * kernels, or without AVX512-VBMI tables, run f16 forms instead). */
+static const char *const test_cpu_fp8_forms[] = {"f16", "bf16", "lut"};
+#define TEST_CPU_NFP8 3
 
 /* out and lse (f32, poisoned first: nout and nlse elements) of one forward of one sequence
  * (context_len ctx, query_len qlen, block_size bs over the nb blocks of table) by `be`, its ISA

@@ -30,8 +30,8 @@ int main(void)
     pa__cpu_kernels ka, kb;
     pa__cpu_kernels_init_generic(&ka);
     pa__cpu_kernels_init_generic(&kb);
-    pa__cpu_kernels_init_avx512(&ka, true);
-    pa__cpu_kernels_init_avx512(&kb, false);
+    pa__cpu_kernels_init_avx512(&ka, true, false);
+    pa__cpu_kernels_init_avx512(&kb, false, false);
     CHECK(ka.qk_t != NULL && kb.qk_t != NULL);
     if (!ka.qk_t || !kb.qk_t) return test_exit();
     CHECK(ka.qk_t != kb.qk_t); /* (two blockings: else this test compares a kernel with itself) */

@@ -164,7 +164,7 @@ int main(void)
     if (pa__cpu_kernels_init_avx2 && pa__cpu_kernels_init_avx512 && pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
         pa__cpu_kernels_init_generic(&k);
         pa__cpu_kernels_init_avx2(&k);
-        pa__cpu_kernels_init_avx512(&k, false);
+        pa__cpu_kernels_init_avx512(&k, false, false);
         CHECK(k.softmax_rows != NULL);
         if (k.softmax_rows) check_table("avx512", &k), tables++;
     }

@@ -11,9 +11,10 @@
 #   3. no object but the three ISA ones holds a 256-bit register (the rest of the library is
 #      built at the x86-64 baseline; CMake registers this test only without -m flags of the
 #      embedding project's own);
-#   4. AVX512-VBMI's byte permutes (vpermb, vpermi2b, vpermt2b) sit only in the functions that
-#      carry its target attribute, the byte-table kernels (*_lut), which the avx512bf16 path
-#      installs only where CPUID reports VBMI (Cooper Lake has AVX512-BF16 without it).
+#   4. AVX512-VBMI's byte permutes (vpermb, vpermi2b, vpermt2b) sit only in the byte-table
+#      kernels (*_lut: in cpu_avx512bf16.c they carry VBMI's target attribute, in cpu_avx512.c the
+#      permutes are inline assembly), which the tables install only where CPUID reports VBMI
+#      (Skylake-X and Cascade Lake have AVX-512 without it, Cooper Lake AVX512-BF16 without it).
 set -eu
 lib=$1
 tmp=$(mktemp -d)

@@ -319,6 +319,12 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
 #define PA__CPU_E4M3BN ((pa_dtype)(PA_DTYPE_COUNT_ + 3))
 #define PA__CPU_E4M3_UP 0x1p120f
 
+/* Tags of the AVX-512 decode kernels over fp8 rows by byte tables (AVX512-VBMI; the tables'
+ * qk_src and pv_src take them in for PA_DTYPE_FP8_E4M3 and PA_DTYPE_FP8_E5M2 where
+ * pa__cpu_kernels_init_avx512 installed them): each value exactly as f32, NaN as NaN. */
+#define PA__CPU_E4M3L ((pa_dtype)(PA_DTYPE_COUNT_ + 4))
+#define PA__CPU_E5M2L ((pa_dtype)(PA_DTYPE_COUNT_ + 5))
+
 /* The smallest magnitude (but 0) of a V value that the bf16 dot-product kernels take (cpu.h,
  * pv_src_bf16): every product with a probability of at least 2^-36 is then an fp32 normal, so
  * what vdpbf16ps flushes (products below 2^-126, probabilities below 2^-126) adds up to at most
@@ -395,7 +401,9 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 #  define PA__CPU_X86 1
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12); /* rows12: pa__cpu_avx512_rows12 */
+/* rows12: pa__cpu_avx512_rows12; lut: the decode QK and PV over fp8 rows by AVX512-VBMI byte
+ * tables (the CPU must have VBMI) */
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut);
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi); /* vbmi: the CPU has AVX512-VBMI */
 #  endif
 #endif

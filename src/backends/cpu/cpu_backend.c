@@ -86,23 +86,32 @@ static pa_status choose_isa(pa__cpu_isa *out)
                     "PAGEDATTN_CPU_ISA=%s: expected generic, avx2, avx512, avx512bf16, neon or auto", env);
 }
 
-/* E4M3 decode through bf16 words (pa__cpu_kernels.e4m3_bf16) or f16 forms: PAGEDATTN_CPU_FP8
- * (bf16, f16; unset or auto: bf16 on AMD, f16 elsewhere). Both are exact; they differ in speed
- * (and in the order of a sum, so in the last bits). */
-static pa_status choose_fp8(bool *bf16)
+/* How the x86 decode kernels take fp8 rows: PAGEDATTN_CPU_FP8 = bf16 (E4M3 as bf16 or f32 words
+ * 2^-120 times the value, pa__cpu_kernels.e4m3_bf16), f16 (E4M3 through f16 forms, E5M2 through
+ * f16), lut (both formats by AVX512-VBMI byte tables in the AVX-512 kernels,
+ * pa__cpu_kernels_init_avx512's lut; the f16 forms where the path or the CPU lacks them); unset or
+ * auto: bf16 on AMD (its FP units take the words' subnormal operands at full speed), lut
+ * elsewhere. All are exact; they differ in speed (and in the order of a sum, so in the last
+ * bits). */
+typedef enum { FP8_F16, FP8_BF16, FP8_LUT } fp8_form;
+
+static pa_status choose_fp8(fp8_form *form)
 {
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_FP8");
-    if (!env || !*env || !strcmp(env, "auto")) *bf16 = f.amd;
-    else if (!strcmp(env, "bf16")) *bf16 = true;
-    else if (!strcmp(env, "f16")) *bf16 = false;
-    else return pa__fail(PA_STATUS_INVALID_ARGUMENT, "PAGEDATTN_CPU_FP8=%s: expected bf16, f16 or auto", env);
+    if (!env || !*env || !strcmp(env, "auto")) *form = f.amd ? FP8_BF16 : FP8_LUT;
+    else if (!strcmp(env, "bf16")) *form = FP8_BF16;
+    else if (!strcmp(env, "f16")) *form = FP8_F16;
+    else if (!strcmp(env, "lut")) *form = FP8_LUT;
+    else return pa__fail(PA_STATUS_INVALID_ARGUMENT, "PAGEDATTN_CPU_FP8=%s: expected bf16, f16, lut or auto", env);
     return PA_STATUS_OK;
 }
 
-static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
+/* (lut: set where the tables were installed) */
+static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k, bool *lut)
 {
+    *lut = false;
     pa__cpu_kernels_init_generic(k);
 #ifdef PA__CPU_X86
     if (isa >= PA__ISA_AVX2 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx2(k);
@@ -110,7 +119,8 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
     if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
         pa__cpu_features f;
         pa__cpu_detect(&f);
-        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f));
+        *lut = form == FP8_LUT && f.avx512vbmi;
+        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f), *lut);
         if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k, f.avx512vbmi);
     }
 #  endif
@@ -118,7 +128,7 @@ static void fill_kernels(pa__cpu_isa isa, bool fp8_bf16, pa__cpu_kernels *k)
 #ifdef PA__CPU_ARM64
     if (isa == PA__ISA_NEON) pa__cpu_kernels_init_neon(k);
 #endif
-    k->e4m3_bf16 = k->e4m3_bf16 && fp8_bf16;
+    k->e4m3_bf16 = k->e4m3_bf16 && form == FP8_BF16;
 }
 
 /* (per thread: the text depends on PAGEDATTN_CPU_ISA at the time of the call, so it is rebuilt
@@ -131,21 +141,27 @@ static const char *cpu_info(void)
     const char *env = getenv("PAGEDATTN_CPU_ISA"), *env8 = getenv("PAGEDATTN_CPU_FP8");
     pa__cpu_isa best = pa__cpu_default_isa(&f), chosen;
     pa_status st = choose_isa(&chosen);
-    bool fp8_bf16 = false;
-    pa_status st8 = choose_fp8(&fp8_bf16);
+    fp8_form form = FP8_F16;
+    pa_status st8 = choose_fp8(&form);
     pa__clear_error();
     pa__cpu_kernels kt;
-    fill_kernels(st == PA_STATUS_OK ? chosen : best, fp8_bf16, &kt);
+    bool lut;
+    fill_kernels(st == PA_STATUS_OK ? chosen : best, form, &kt, &lut);
     const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
-    const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16 or auto: contexts fail"
+    const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16, lut or auto: contexts fail"
+                      : lut ? (forced8 ? "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI) (forced by "
+                                         "PAGEDATTN_CPU_FP8)"
+                                       : "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI), no subnormal "
+                                         "operand (not AMD: those may take microcode assists)")
                       : kt.e4m3_bf16     ? (forced8 ? "words 2^-120 times the value: bf16 (AVX2; AVX-512 QK) or f32 "
                                                       "(AVX-512 PV and QK over unsplit queries) (forced by PAGEDATTN_CPU_FP8)"
                                                     : "words 2^-120 times the value: bf16 (AVX2; AVX-512 QK) or f32 "
                                                       "(AVX-512 PV and QK over unsplit queries) (AMD: subnormal FMA "
                                                       "operands at full speed)")
-                      : fp8_bf16         ? "f16 forms (this ISA path has no bf16-word kernels)"
+                      : form == FP8_BF16 ? "f16 forms (this ISA path has no bf16-word kernels)"
+                      : form == FP8_LUT  ? "f16 forms (byte tables need the AVX-512 path and AVX512-VBMI)"
                       : forced8          ? "f16 forms (forced by PAGEDATTN_CPU_FP8)"
-                                         : "f16 forms (not AMD: subnormal FMA operands may take microcode assists)";
+                                         : "f16 forms";
     snprintf(buf, sizeof buf,
              "isa: %s (%s)\n"
              "cpu features: avx2=%d fma=%d f16c=%d os-ymm=%d avx512f=%d avx512bw=%d avx512vl=%d "
@@ -153,7 +169,7 @@ static const char *cpu_info(void)
              "avx512 path: %s\n"
              "avx512bf16 path: %s\n"
              "neon path: %s\n"
-             "fp8 E4M3 decode: %s\n"
+             "fp8 decode rows: %s\n"
              "fp8 decode QK with bf16 queries: %s\n"
              "bf16 caches: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
@@ -303,14 +319,15 @@ static void cpu_context_destroy(void *impl)
 static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
 {
     pa__cpu_isa isa = PA__ISA_GENERIC;
-    bool fp8_bf16 = false;
+    fp8_form form = FP8_F16;
     pa_status st = choose_isa(&isa);
-    if (st == PA_STATUS_OK) st = choose_fp8(&fp8_bf16);
+    if (st == PA_STATUS_OK) st = choose_fp8(&form);
     if (st != PA_STATUS_OK) return st;
     pa__cpu_ctx *c = pa__calloc(1, sizeof *c);
     if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
     c->isa = isa;
-    fill_kernels(isa, fp8_bf16, &c->kern);
+    bool lut;
+    fill_kernels(isa, form, &c->kern, &lut);
     c->dp_cap = 128;
     st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
     if (st != PA_STATUS_OK) {

@@ -91,6 +91,98 @@ AI __m512 cvt16r(pa_dtype dt, const char *p)
     return cvt16(dt, p);
 }
 
+/* ---- fp8 decode rows by byte tables (AVX512-VBMI) ------------------------------------------
+ * Where the CPU has AVX512-VBMI and fp8 rows are not read as bf16 words (so on Intel cores:
+ * cpu_backend.c, PAGEDATTN_CPU_FP8), the decode QK and PV take E4M3 and E5M2 rows by the byte
+ * tables of cpu_avx512_util.h. For 64 values: two vpermt2b give each value's bf16 high byte (the
+ * sign ORed back in by one vpternlogd) and low byte, the two byte unpacks make bf16 words of
+ * them, and a shift and an AND per word vector make f32 of the even and the odd words (as the
+ * bf16 rows' pair split): 9 operations, each value exactly (every E4M3 and E5M2 value has a bf16,
+ * their subnormals normal ones, so no FMA meets a subnormal operand, which Intel cores serve by
+ * microcode assists), NaN as NaN (no byte test, no redo). The f16 forms take ~22 (a widening, a
+ * shift, an AND and a two-uop vcvtph2ps per 16, and the NaN test). The values come in a fixed
+ * order of their 64 (f8l_cvt): QK takes the query rows in that order (f8l_queries, once per
+ * call), PV puts its sums back in order at the end of each chunk (f8l_order).
+ * On the Xeon of bench/NOTES.md's thirty-seventh pass vpermt2b and vpermi2b take three uops (two
+ * on port 5) and issue every second cycle: one more two-source byte permute per 16 values, to
+ * put the bytes in memory order as f32 directly, cost what the f16 forms cost.
+ * The permutes are inline assembly: this file is not compiled for VBMI (it must run where VBMI is
+ * not), and the intrinsic would need the target on every function it inlines into, which other
+ * dtypes share; the assembler takes it whatever the flags, and only the tags below reach it. */
+
+AI bool f8l(pa_dtype dt)
+{
+    return dt == PA__CPU_E4M3L || dt == PA__CPU_E5M2L;
+}
+
+/* vpermt2b: byte i of the result is byte (idx[i] & 63) of a (idx[i] bit 6 clear) or of the 64
+ * bytes at b (set), as _mm512_permutex2var_epi8(a, idx, b) */
+AI __m512i perm2b(__m512i a, __m512i idx, const uint8_t *b)
+{
+#ifdef PA_SIMDE
+    return _mm512_permutex2var_epi8(a, idx, _mm512_load_si512(b));
+#else
+    __asm__("vpermt2b %[b], %[idx], %[a]" : [a] "+v"(a) : [idx] "v"(idx), [b] "m"(*(const __m512i *)b));
+    return a;
+#endif
+}
+
+/* The first n (16, 32, 48 or 64) fp8 values at p (dt a table tag; zeros after them) as f32 in
+ * the tables' order: lane 4 L + m of x[0] holds value 16 L + 2 m, of x[1] 16 L + 2 m + 1, of
+ * x[2] 16 L + 8 + 2 m, of x[3] 16 L + 9 + 2 m (L, m < 4). */
+AI void f8l_cvt(pa_dtype dt, const char *p, int n, __m512 *x)
+{
+    const uint8_t *tab = dt == PA__CPU_E4M3L ? pa__e4m3_bf16_tab : pa__e5m2_bf16_tab;
+    const __m512i raw = n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
+    const __m512i hi = _mm512_ternarylogic_epi32(perm2b(_mm512_load_si512(tab), raw, tab + 64), raw,
+                                                 _mm512_set1_epi8((char)0x80), 0xf8); /* a | (b & c) */
+    const __m512i lo = perm2b(_mm512_load_si512(tab + 128), raw, tab + 192);
+    /* per 128-bit block L: the words of values 16 L .. 16 L + 7, then 16 L + 8 .. 16 L + 15 */
+    const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
+    const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
+    x[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    x[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, odd));
+    x[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    x[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, odd));
+}
+
+/* out[k]'s 128-bit block L = in[L]'s block k */
+AI void blocks_transpose(const __m512 *in, __m512 *out)
+{
+    const __m512 t0 = _mm512_shuffle_f32x4(in[0], in[1], 0x44), t1 = _mm512_shuffle_f32x4(in[0], in[1], 0xee);
+    const __m512 t2 = _mm512_shuffle_f32x4(in[2], in[3], 0x44), t3 = _mm512_shuffle_f32x4(in[2], in[3], 0xee);
+    out[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+    out[1] = _mm512_shuffle_f32x4(t0, t2, 0xdd);
+    out[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+    out[3] = _mm512_shuffle_f32x4(t1, t3, 0xdd);
+}
+
+/* 64 dims in the tables' order (a[0..4), f8l_cvt's) back in memory order (n[0..4)) */
+AI void f8l_order(const __m512 *a, __m512 *n)
+{
+    const __m512 e[4] = {_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]),
+                         _mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3])};
+    blocks_transpose(e, n);
+}
+
+/* The R rows at q (dp apart) in the tables' order, zeros past dp: qp[((s * 4 + h) * 4 + i) * 16]
+ * the vector i of row h's 64-dim step s (f8l_order's inverse) */
+AI void f8l_queries(int R, const float *q, int dp, float *qp)
+{
+    for (int s = 0; 64 * s < dp; s++)
+        for (int h = 0; h < R; h++) {
+            __m512 n[4], e[4];
+            for (int i = 0; i < 4; i++)
+                n[i] = 64 * s + 16 * i < dp ? _mm512_load_ps(q + (size_t)h * dp + 64 * s + 16 * i) : _mm512_setzero_ps();
+            blocks_transpose(n, e);
+            float *o = qp + (size_t)(s * 4 + h) * 64;
+            _mm512_store_ps(o, _mm512_shuffle_ps(e[0], e[1], 0x88));
+            _mm512_store_ps(o + 16, _mm512_shuffle_ps(e[0], e[1], 0xdd));
+            _mm512_store_ps(o + 32, _mm512_shuffle_ps(e[2], e[3], 0x88));
+            _mm512_store_ps(o + 48, _mm512_shuffle_ps(e[2], e[3], 0xdd));
+        }
+}
+
 static void a5_load_rows(pa_dtype dtype, const void *const *rows, int n, int d, int dp, float *dst)
 {
     int dv = d & ~15;
@@ -156,13 +248,46 @@ AI bool nan_seen(__m512i a)
 
 /* ---- decode QK: straight from the cache rows ---------------------------------------------- */
 
-/* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps. */
+/* One 64-dim step of qkz_block over fp8 rows by the tables (f8l): n (16..64) values of each key
+ * from dim j, converted at once and used by the R rows, whose query vectors qs holds in the
+ * tables' order (f8l_queries) */
+AI void qkf_step(int R, int KB, int n, pa_dtype dt, const void *const *krows, int c0, const float *qs, int j, __m512 *a)
+{
+    for (int u = 0; u < KB; u++) {
+        __m512 x[4];
+        f8l_cvt(dt, (const char *)krows[c0 + u] + j, n, x);
+        for (int h = 0; h < R; h++)
+            for (int i = 0; i < 4; i++)
+                a[h * KB + u] = _mm512_fmadd_ps(_mm512_load_ps(qs + (size_t)(h * 4 + i) * 16), x[i], a[h * KB + u]);
+    }
+}
+
+/* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps (over fp8 rows
+ * by the tables 64-dim steps, q the rows in the tables' order). */
 AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
                   float *s, int lds, pa__cpu_pfc *pc, int per, __m512i *nan)
 {
     const size_t es = esize(dt);
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    if (f8l(dt)) {
+        /* q: the rows in the tables' order (f8l_queries); whole steps, then the rest by a
+         * constant width (a variable one kept the accumulators in memory in the avx512bf16
+         * twin, bench/NOTES.md thirty-second pass) */
+        int j = 0;
+        for (; j + 64 <= dp; j += 64) {
+            qkf_step(R, KB, 64, dt, krows, c0, q + (size_t)j * 4, j, a);
+            pfc_step(pc, per);
+        }
+        switch (dp - j) {
+        case 48: qkf_step(R, KB, 48, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
+        case 32: qkf_step(R, KB, 32, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
+        case 16: qkf_step(R, KB, 16, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
+        default: break;
+        }
+        store_scores(R, KB, a, 1.0f, s, lds, c0);
+        return;
+    }
     if (e4m3_fast(dt))
         for (int u = 0; u < KB; u++) *nan = nan_acc(*nan, krows[c0 + u], dp);
     for (int j = 0; j < dp; j += 16) {
@@ -236,8 +361,13 @@ AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, c
                  int lds, const pa__cpu_pf *pf)
 {
     const int KB = qk_keys_per_block(R);
+    float qp[4 * 512] __attribute__((aligned(64))); /* (R <= 4 rows, dp <= 512: CPU_DPMAX) */
+    if (f8l(dt)) {
+        f8l_queries(R, q, dp, qp);
+        q = qp;
+    }
     pa__cpu_pfc pc = pfc_init(pf);
-    const int per = pfc_per(pf, nc / KB * (dp / (P ? 32 : 16)));
+    const int per = pfc_per(pf, nc / KB * (f8l(dt) ? (dp + 63) / 64 : dp / (P ? 32 : 16)));
     __m512i nan = _mm512_setzero_si512();
     int c = 0;
     for (; c + KB <= nc; c += KB)
@@ -307,6 +437,39 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
 
 /* ---- PV: O = O * alpha + P V -------------------------------------------------------------- */
 
+/* pvz_chunk over fp8 rows by the tables (f8l): the NV vectors in 64-dim groups, each group's
+ * accumulators in the tables' order (f8l_cvt's: 4 per row whatever part of the group is dims),
+ * starting at 0 and put in order and added to alpha * O at the end (as the bf16 pairs below) */
+AI void pvf_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const int *idx, int nv, const float *p, int ldp,
+                  int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
+{
+    const int NA = (NV + 3) / 4 * 4; /* accumulators per row */
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < nv; i++) {
+        const int c = idx ? idx[i] : i;
+        const char *vp = (const char *)vr[c] + j;
+        __m512 x[8];
+        for (int g = 0; 4 * g < NV; g++) f8l_cvt(dt, vp + 64 * g, NV - 4 * g < 4 ? 16 * (NV - 4 * g) : 64, x + 4 * g);
+        pfc_step(pc, per);
+        for (int h = 0; h < R; h++) {
+            const __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
+            for (int u = 0; u < NA; u++) acc[h * NA + u] = _mm512_fmadd_ps(w, x[u], acc[h * NA + u]);
+        }
+    }
+    for (int h = 0; h < R; h++) {
+        const __m512 al = _mm512_set1_ps(alpha ? alpha[h] : 1.0f);
+        for (int g = 0; 4 * g < NV; g++) {
+            __m512 n[4];
+            f8l_order(acc + h * NA + 4 * g, n);
+            for (int u = 0; u < 4 && 4 * g + u < NV; u++) {
+                float *oh = o + (size_t)h * dp + j + 16 * (4 * g + u);
+                _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, n[u]));
+            }
+        }
+    }
+}
+
 /* dims [j, j + 16 NV) of the R rows at o (scaled by alpha first; NULL: by 1) over nv keys, key i
  * being column c = idx[i] (idx NULL: i) of p and V row c: vd + c * dp (dense fp32 tile) or the
  * cache row vr[c].
@@ -320,6 +483,10 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
 AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                   const float *p, int ldp, int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
+    if (f8l(dt)) {
+        pvf_chunk(R, NV, dt, vr, idx, nv, p, ldp, j, dp, alpha, o, pc, per);
+        return;
+    }
     const bool scan = e4m3_fast(dt) && !vd; /* (E4M3 comes as cache rows only) */
     /* per dim of the chunk (16 NV <= 128 bytes, a lane each): the maxima of the bytes' low 7 bits */
     __m512i nan[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -484,6 +651,16 @@ static __attribute__((noinline)) void pv_src_e4m3(bool words, const void *const 
         p = ps, ldp = CPU_KT;
     }
     pvz_all(nr >= 8 ? 8 : 4, words ? PA__CPU_E4M3B : PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+}
+
+/* fp8 V rows by the tables (f8l; a5_pv_src_lt); its own function, as pv_src_e4m3 */
+static __attribute__((noinline)) void pv_src_lut(pa_dtype dt, const void *const *vrows, int nc, const float *p,
+                                                 int ldp, int nr, int dp, const float *alpha,
+                                                 const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    /* (groups of 4 rows: pvz_rows' chunks are then whole 64-dim groups but at the end) */
+    if (dt == PA__CPU_E4M3L) pvz_all(4, PA__CPU_E4M3L, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    else pvz_all(4, PA__CPU_E5M2L, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
 static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
@@ -784,7 +961,25 @@ static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
     return true;
 }
 
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
+/* a5_qk_src and a5_pv_src with fp8 rows by the tables (the init's lut; only the *_lut functions
+ * hold the permutes: tests/scripts/check_isa_objects.sh) */
+static void a5_qk_src_lut(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                        float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_FP8_E4M3) qkz_src(false, PA__CPU_E4M3L, krows, nc, q, nr, dp, s, lds, pf);
+    else if (dtype == PA_DTYPE_FP8_E5M2) qkz_src(false, PA__CPU_E5M2L, krows, nc, q, nr, dp, s, lds, pf);
+    else a5_qk_src(dtype, krows, nc, q, nr, dp, s, lds, pf);
+}
+
+static void a5_pv_src_lt(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr, int dp,
+                        const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_FP8_E4M3) pv_src_lut(PA__CPU_E4M3L, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    else if (dtype == PA_DTYPE_FP8_E5M2) pv_src_lut(PA__CPU_E5M2L, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    else a5_pv_src(dtype, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+}
+
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
 {
     k->name = "avx512";
     k->load_rows = a5_load_rows;
@@ -799,7 +994,8 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12)
     k->softmax_rows = a5_softmax_rows;
     k->any_neg_inf = a5_any_neg_inf;
     k->pf_spread = true;
-    k->e4m3_bf16 = true;
+    k->e4m3_bf16 = !lut; /* (lut: the driver passes the fp8 dtypes as they are) */
+    if (lut) k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt;
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
