@@ -165,7 +165,7 @@ AI void f8l_order(const __m512 *a, __m512 *n)
     blocks_transpose(e, n);
 }
 
-/* The R rows at q (dp apart) in the tables' order, zeros past dp: qp[((s * 4 + h) * 4 + i) * 16]
+/* The R rows at q (dp apart) in the tables' order, zeros past dp: qp[((s * R + h) * 4 + i) * 16]
  * the vector i of row h's 64-dim step s (f8l_order's inverse) */
 AI void f8l_queries(int R, const float *q, int dp, float *qp)
 {
@@ -175,7 +175,7 @@ AI void f8l_queries(int R, const float *q, int dp, float *qp)
             for (int i = 0; i < 4; i++)
                 n[i] = 64 * s + 16 * i < dp ? _mm512_load_ps(q + (size_t)h * dp + 64 * s + 16 * i) : _mm512_setzero_ps();
             blocks_transpose(n, e);
-            float *o = qp + (size_t)(s * 4 + h) * 64;
+            float *o = qp + (size_t)(s * R + h) * 64;
             _mm512_store_ps(o, _mm512_shuffle_ps(e[0], e[1], 0x88));
             _mm512_store_ps(o + 16, _mm512_shuffle_ps(e[0], e[1], 0xdd));
             _mm512_store_ps(o + 32, _mm512_shuffle_ps(e[2], e[3], 0x88));
@@ -276,13 +276,13 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
          * twin, bench/NOTES.md thirty-second pass) */
         int j = 0;
         for (; j + 64 <= dp; j += 64) {
-            qkf_step(R, KB, 64, dt, krows, c0, q + (size_t)j * 4, j, a);
+            qkf_step(R, KB, 64, dt, krows, c0, q + (size_t)j * R, j, a);
             pfc_step(pc, per);
         }
         switch (dp - j) {
-        case 48: qkf_step(R, KB, 48, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
-        case 32: qkf_step(R, KB, 32, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
-        case 16: qkf_step(R, KB, 16, dt, krows, c0, q + (size_t)j * 4, j, a); pfc_step(pc, per); break;
+        case 48: qkf_step(R, KB, 48, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
+        case 32: qkf_step(R, KB, 32, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
+        case 16: qkf_step(R, KB, 16, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
         default: break;
         }
         store_scores(R, KB, a, 1.0f, s, lds, c0);
@@ -353,15 +353,15 @@ AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
     if (e4m3_fast(dt)) *nan = _mm512_max_epu8(*nan, _mm512_zextsi256_si512(n8));
 }
 
-/* R rows (1..4) over all nc keys: KB keys at a time (4 rows x 4 keys, 3 x 4 and 2 x 8 reduced
- * by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per dim step
+/* R rows (1..4; 8 over fp8 rows by the tables) over all nc keys: KB keys at a time (4 rows x 4
+ * keys, 3 x 4, 2 x 8 and 8 x 2 reduced by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per dim step
  * of the blocks (pa__cpu_pfc). P: the query rows pair-split, qkp_block's 32-dim steps. Returns
  * whether a fast E4M3 tag's rows held a NaN byte (the scores are then to be made again). */
 AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
-    const int KB = qk_keys_per_block(R);
-    float qp[4 * 512] __attribute__((aligned(64))); /* (R <= 4 rows, dp <= 512: CPU_DPMAX) */
+    const int KB = R == 8 ? 2 : qk_keys_per_block(R); /* (8 rows: fp8 rows by the tables only) */
+    float qp[8 * 512] __attribute__((aligned(64))); /* (R <= 8 rows, dp <= 512: the head size limit) */
     if (f8l(dt)) {
         f8l_queries(R, q, dp, qp);
         q = qp;
@@ -385,14 +385,18 @@ AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, c
 AI bool qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
                 int lds, const pa__cpu_pf *pf)
 {
-    int r = 0, ng = (nr + 3) / 4;
     bool nan = false;
-    for (; r < nr; r += 4) {
-        pa__cpu_pf part = pf_part(pf, r / 4, ng);
+    for (int r = 0, take; r < nr; r += take) {
+        /* groups of 4 rows; over fp8 rows by the tables 8 where there are (each key converted once
+         * for 8 rows: 8 x 2 accumulators; GQA 8, 16 x 4096 E4M3 on one Xeon core: 30.3 -> 29.2 ms
+         * from DRAM, 29.1 -> 27.9 in L2; bench/NOTES.md, thirty-seventh pass) */
+        take = f8l(dt) && nr - r >= 8 ? 8 : nr - r < 4 ? nr - r : 4;
+        pa__cpu_pf part = pf_range(pf, r, r + take, nr); /* (in proportion to the group's rows) */
         const pa__cpu_pf *pp = pf ? &part : NULL;
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
-        switch (nr - r < 4 ? nr - r : 4) {
+        switch (take) {
+        case 8: nan = qkz_rows(P, 8, dt, krows, nc, qr, dp, sr, lds, pp); break;
         case 4: nan = qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
         case 3: nan = qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
         case 2: nan = qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;

@@ -145,6 +145,11 @@ AI void store_scores(int R, int KB, const __m512 *a, float mul, float *s, int ld
         return;
     }
     float t[16];
+    if (R * KB == 16 && KB == 2) { /* (8 rows x 2 keys: the AVX-512 fp8 decode by tables) */
+        _mm512_storeu_ps(t, hsum16z(a));
+        for (int h = 0; h < R; h++) s[(size_t)h * lds + c0] = t[2 * h] * mul, s[(size_t)h * lds + c0 + 1] = t[2 * h + 1] * mul;
+        return;
+    }
     hsum_n(a, R * KB, t);
     for (int h = 0; h < R; h++)
         for (int u = 0; u < KB; u++) s[(size_t)h * lds + c0 + u] = t[h * KB + u] * mul;
