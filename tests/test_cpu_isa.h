@@ -3,6 +3,8 @@
 #ifndef PAGEDATTN_TEST_CPU_ISA_H
 #define PAGEDATTN_TEST_CPU_ISA_H
 
+#include <string.h>
+
 static const char *const test_cpu_isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
 #define TEST_CPU_NISA ((int)(sizeof test_cpu_isas / sizeof *test_cpu_isas))
 
@@ -22,6 +24,14 @@ static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)
  * kernels, or without AVX512-VBMI tables, run f16 forms instead). */
 static const char *const test_cpu_fp8_forms[] = {"f16", "bf16", "lut"};
 #define TEST_CPU_NFP8 3
+
+/* Whether forcing fp8 form `form` on ISA path `isa` runs kernels of its own: the byte tables
+ * exist on the AVX-512 paths only (elsewhere `lut` runs the f16 forms again; the slow tests skip
+ * that repeat). */
+static inline int test_cpu_fp8_form_distinct(const char *isa, const char *form)
+{
+    return strcmp(form, "lut") != 0 || strncmp(isa, "avx512", 6) == 0;
+}
 
 /* out and lse (f32, poisoned first: nout and nlse elements) of one forward of one sequence
  * (context_len ctx, query_len qlen, block_size bs over the nb blocks of table) by `be`, its ISA

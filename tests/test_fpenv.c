@@ -248,6 +248,7 @@ int main(void)
         ran++;
         run_cases(cpu, test_cpu_isas[i], "default", 0);
         for (int f = 0; f < TEST_CPU_NFP8 && !strncmp(test_cpu_isas[i], "avx", 3); f++) {
+            if (!test_cpu_fp8_form_distinct(test_cpu_isas[i], test_cpu_fp8_forms[f])) continue;
             setenv("PAGEDATTN_CPU_FP8", test_cpu_fp8_forms[f], 1);
             run_cases(cpu, test_cpu_isas[i], test_cpu_fp8_forms[f], 1);
         }
