@@ -417,7 +417,7 @@ void pa__cpu_kernels_init_neon(pa__cpu_kernels *k); /* arm/cpu_neon.c */
 typedef struct pa__cpu_features {
     bool avx2, fma, f16c, os_ymm;                       /* AVX2 path needs all four */
     bool avx512f, avx512bw, avx512vl, avx512bf16, os_zmm; /* AVX-512 path: f, bw, vl, os_zmm */
-    bool avx512vbmi; /* byte permutes: the avx512bf16 path's E4M3 decode QK by tables */
+    bool avx512vbmi; /* byte permutes: the fp8 decode kernels' byte tables (both AVX-512 paths) */
     bool neon;                                          /* NEON path (AArch64) */
     /* x86 vendor AMD (or Hygon): its FP units take subnormal FMA operands at full speed (Zen 3
      * measured, bench/NOTES.md twenty-first pass), where Intel's call microcode assists */

@@ -354,9 +354,11 @@ AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
 }
 
 /* R rows (1..4; 8 over fp8 rows by the tables) over all nc keys: KB keys at a time (4 rows x 4
- * keys, 3 x 4, 2 x 8 and 8 x 2 reduced by hsum16z; a single row 8 keys), then single keys; pf's lines prefetched a few per dim step
- * of the blocks (pa__cpu_pfc). P: the query rows pair-split, qkp_block's 32-dim steps. Returns
- * whether a fast E4M3 tag's rows held a NaN byte (the scores are then to be made again). */
+ * keys, 3 x 4, 2 x 8 and 8 x 2 reduced by hsum16z; a single row 8 keys), then single keys; pf's
+ * lines prefetched a few per dim step of the blocks (pa__cpu_pfc). P: the query rows pair-split,
+ * qkp_block's 32-dim steps; over fp8 rows by the tables the rows permuted into qp (f8l_queries).
+ * Returns whether a fast E4M3 tag's rows held a NaN byte (the scores are then to be made
+ * again). */
 AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
                  int lds, const pa__cpu_pf *pf)
 {
@@ -396,7 +398,7 @@ AI bool qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const flo
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (take) {
-        case 8: nan = qkz_rows(P, 8, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 8: nan = qkz_rows(P, f8l(dt) ? 8 : 4, dt, krows, nc, qr, dp, sr, lds, pp); break; /* (8: f8l only) */
         case 4: nan = qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
         case 3: nan = qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
         case 2: nan = qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;
@@ -448,6 +450,7 @@ AI void pvf_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const int *
                   int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
     const int NA = (NV + 3) / 4 * 4; /* accumulators per row */
+    if (R * NA > 16) __builtin_trap(); /* (never: pv_src_lut's groups of at most 4 rows, pvz_rows' widths) */
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     for (int i = 0; i < nv; i++) {
