@@ -904,6 +904,29 @@ static void build_cases(void)
         c.seqs[1].ctx = b64[i].B, c.seqs[2].ctx = b64[i].B + 1;
         push(c, b64[i].name);
     }
+    /* fp8 decodes whose AVX-512 kernels take the rows by byte tables (cpu_avx512.c, f8l_cvt; the
+     * default off AMD): query rows per KV head in a group of 8 beside one of 4 (GQA 12) and of 1
+     * (GQA 9), and one group of 8 (GQA 8); head sizes whose last 64-dim step is 16 dims (80, 144,
+     * 208); f32 and bf16 queries; NaN and inf in the cache read, a window, sinks, and a context
+     * long enough for split chunks */
+    static const struct {
+        int32_t H, Hkv, D, ctx, wl, sinks;
+        int layout, nonfinite;
+        pa_dtype cache, qd;
+    } f8l[] = {
+        {24, 2, 80, 333, 0, 0, LAYOUT_HND, 1, PA_DTYPE_FP8_E4M3, PA_DTYPE_F32},
+        {16, 2, 208, 407, 150, 0, LAYOUT_NHD, 0, PA_DTYPE_FP8_E5M2, PA_DTYPE_BF16},
+        {9, 1, 144, 1300, 0, 1, LAYOUT_HND, 1, PA_DTYPE_FP8_E4M3, PA_DTYPE_BF16},
+    };
+    for (size_t i = 0; i < sizeof f8l / sizeof f8l[0]; i++) {
+        c = base_case();
+        c.H = f8l[i].H, c.Hkv = f8l[i].Hkv, c.D = f8l[i].D, c.layout = f8l[i].layout;
+        c.cache = f8l[i].cache, c.qd = c.kvd = f8l[i].qd, c.outd = PA_DTYPE_F32;
+        c.kscale = 0.75f, c.vscale = 1.25f, c.nonfinite = f8l[i].nonfinite, c.sinks = f8l[i].sinks;
+        if (f8l[i].wl) c.wl = f8l[i].wl, c.wr = 0;
+        decode_only(&c, f8l[i].ctx, 3);
+        push(c, "fp8-tables");
+    }
 }
 
 int grid_count(void)
