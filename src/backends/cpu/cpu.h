@@ -298,6 +298,9 @@ typedef struct pa__cpu_kernels {
      * subnormal FMA operands, so the backend keeps this only where those are cheap (AMD; the
      * environment's PAGEDATTN_CPU_FP8 forces either way). */
     bool e4m3_bf16;
+    /* qk_src and pv_src take E4M3 and E5M2 rows by AVX512-VBMI byte tables (PA__CPU_E4M3L,
+     * PA__CPU_E5M2L; pa__cpu_kernels_init_avx512's lut). */
+    bool fp8_lut;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
 } pa__cpu_kernels;

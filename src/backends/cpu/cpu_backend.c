@@ -108,10 +108,8 @@ static pa_status choose_fp8(fp8_form *form)
     return PA_STATUS_OK;
 }
 
-/* (lut: set where the tables were installed) */
-static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k, bool *lut)
+static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 {
-    *lut = false;
     pa__cpu_kernels_init_generic(k);
 #ifdef PA__CPU_X86
     if (isa >= PA__ISA_AVX2 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx2(k);
@@ -119,8 +117,7 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k, boo
     if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
         pa__cpu_features f;
         pa__cpu_detect(&f);
-        *lut = form == FP8_LUT && f.avx512vbmi;
-        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f), *lut);
+        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f), form == FP8_LUT && f.avx512vbmi);
         if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k, f.avx512vbmi);
     }
 #  endif
@@ -145,11 +142,10 @@ static const char *cpu_info(void)
     pa_status st8 = choose_fp8(&form);
     pa__clear_error();
     pa__cpu_kernels kt;
-    bool lut;
-    fill_kernels(st == PA_STATUS_OK ? chosen : best, form, &kt, &lut);
+    fill_kernels(st == PA_STATUS_OK ? chosen : best, form, &kt);
     const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
     const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16, lut or auto: contexts fail"
-                      : lut ? (forced8 ? "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI) (forced by "
+                      : kt.fp8_lut ? (forced8 ? "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI) (forced by "
                                          "PAGEDATTN_CPU_FP8)"
                                        : "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI), no subnormal "
                                          "operand (not AMD: those may take microcode assists)")
@@ -326,8 +322,7 @@ static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
     pa__cpu_ctx *c = pa__calloc(1, sizeof *c);
     if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
     c->isa = isa;
-    bool lut;
-    fill_kernels(isa, form, &c->kern, &lut);
+    fill_kernels(isa, form, &c->kern);
     c->dp_cap = 128;
     st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
     if (st != PA_STATUS_OK) {

@@ -1002,7 +1002,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->any_neg_inf = a5_any_neg_inf;
     k->pf_spread = true;
     k->e4m3_bf16 = !lut; /* (lut: the driver passes the fp8 dtypes as they are) */
-    if (lut) k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt;
+    if (lut) k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt, k->fp8_lut = true;
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
