@@ -12,7 +12,8 @@
 # and PV over fp8 rows by byte tables called directly), test_cpu_fp8_qk_bf16 (the
 # avx512bf16 QK over fp8 keys called directly; the script reports AVX512-VBMI, so every form),
 # test_cpu_neg_inf_logit (visible keys with a logit of -inf, any_neg_inf), test_cpu_tiny_terms
-# (subnormal weights and bf16 dot products over subnormal operands), test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
+# (subnormal weights and bf16 dot products over subnormal operands), test_cpu_big_scale (a scale
+# above 1 over query values near FLT_MAX), test_large_cache and a short random sweep per path (SWEEP_SEED, SWEEP_COUNT; default 0x51ADE,
 # 30 cases).
 # Usage: bench/check_avx512_simde.sh [grid filter]        (from the repository root)
 #        SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" bench/check_avx512_simde.sh
@@ -197,7 +198,7 @@ wait
 for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_fp8_lut test_cpu_fp8_qk_bf16 test_cpu_neg_inf_logit test_cpu_tiny_terms"
+  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_fp8_lut test_cpu_fp8_qk_bf16 test_cpu_neg_inf_logit test_cpu_tiny_terms test_cpu_big_scale"
   for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"

@@ -26,11 +26,14 @@
  * A row that sees no key and has no sink yields out = 0 and lse = -inf, never NaN. Keys beyond a
  * sequence's length never touch its result, whatever the cache holds there (NaN included).
  * Non-finite inputs the row does read propagate as in IEEE arithmetic, never silently dropped:
- * a visible logit that is NaN or +inf (from NaN or infinite q or k values) makes every element
- * of the row's out and its lse NaN; a NaN or infinite v value reaches the out elements it
- * contributes to, including a visible key's whose logit is -inf (its weight exp(-inf - m) = 0
- * times NaN is NaN), as long as the row has a finite m (some finite visible logit, or a sink); a
- * row whose visible logits are all -inf and that has no sink sees nothing (out 0, lse -inf).
+ * a visible logit that is NaN or +inf (from NaN or infinite q or k values, or a dot product
+ * beyond fp32's range: the sums are fp32) makes every element of the row's out and its lse NaN;
+ * a NaN or infinite v value reaches the out elements it contributes to, including a visible
+ * key's whose logit is -inf (its weight exp(-inf - m) = 0 times NaN is NaN; an infinite v whose
+ * fp32 weight is 0, as NaN), as long as the row has a finite m (some finite visible logit, or a
+ * sink); a row whose visible logits are all -inf and that has no sink sees nothing (out 0, lse
+ * -inf). The scale multiplies the dot product: scale q need not be finite (a scale above 1 over
+ * query values near FLT_MAX scores as scale * dot(q, k) does).
  * Query head h reads KV head h / (num_heads / num_kv_heads).
  * The caller's floating-point mode does not reach the results: every call that computes runs
  * (on all its threads) in the C default environment, round to nearest even with subnormals
@@ -230,8 +233,10 @@ typedef struct pa_layer_config {
     pa_dtype kv_dtype;  /* dtype of the new keys/values handed to forward: f32, f16 or bf16 */
     pa_dtype out_dtype; /* dtype of the output: f32, f16 or bf16 */
     pa_dtype cache_dtype; /* dtype stored in the KV cache: any pa_dtype */
-    float k_scale, v_scale; /* fp8 caches: stored = quant(x / scale), read = dequant(byte) *
-                               scale; must be 1 for other cache dtypes. Default 1. */
+    float k_scale, v_scale; /* fp8 caches: stored = quant(x / scale), the quotient an fp32
+                               division (as vLLM's) rounded once to the code; read =
+                               dequant(byte) * scale; must be 1 for other cache dtypes.
+                               Default 1. */
 } pa_layer_config;
 
 /* Fills cfg with defaults for the given geometry: scale = 1/sqrt(head_size), decoder, no
@@ -528,7 +533,8 @@ PA_API pa_status pa_attn_forward(pa_context *ctx, const pa_layer *layer, const p
 /* vLLM's reshape_and_cache_flash: for i < num_tokens with slot = slot_mapping[i] >= 0, writes
  * key[i] and value[i] ([num_kv_heads, head_size], `src_dtype`, rows k_row_stride/v_row_stride
  * elements apart, 0 = contiguous) into token slot % block_size of block slot / block_size,
- * converting to the cache dtype (fp8: quant(x / k_scale), quant(x / v_scale)). Negative slots
+ * converting to the cache dtype (fp8: quant(x / k_scale), quant(x / v_scale), each quotient an
+ * fp32 division rounded once to the code). Negative slots
  * are skipped. OUT_OF_RANGE for a slot beyond the pool; INVALID_ARGUMENT for a slot twice. */
 PA_API pa_status pa_cache_write(pa_context *ctx, const pa_cache *cache, pa_dtype src_dtype,
                                 const void *key, int64_t k_row_stride, const void *value,
