@@ -27,13 +27,14 @@
  * sequence's length never touch its result, whatever the cache holds there (NaN included).
  * Non-finite inputs the row does read propagate as in IEEE arithmetic, never silently dropped:
  * a visible logit that is NaN or +inf (from NaN or infinite q or k values, or a dot product
- * beyond fp32's range: the sums are fp32) makes every element of the row's out and its lse NaN;
- * a NaN or infinite v value reaches the out elements it contributes to, including a visible
- * key's whose logit is -inf (its weight exp(-inf - m) = 0 times NaN is NaN; an infinite v whose
- * fp32 weight is 0, as NaN), as long as the row has a finite m (some finite visible logit, or a
- * sink); a row whose visible logits are all -inf and that has no sink sees nothing (out 0, lse
- * -inf). The scale multiplies the dot product: scale q need not be finite (a scale above 1 over
- * query values near FLT_MAX scores as scale * dot(q, k) does).
+ * beyond fp32's range: the sums are fp32; the soft-cap makes +-inf +-cap first) makes every
+ * element of the row's out and its lse NaN; a NaN or infinite v value reaches the out elements
+ * it contributes to, including a visible key's whose logit is -inf (its weight exp(-inf - m) =
+ * 0 times NaN is NaN; an infinite v whose fp32 weight is 0, as NaN), as long as the row has a
+ * finite m (some finite visible logit, or a sink); a row whose visible logits are all -inf and
+ * that has no sink sees nothing (out 0, lse -inf). The scale multiplies the dot product: scale q
+ * need not be finite (a scale above 1 over query values near FLT_MAX scores as scale * dot(q,
+ * k) does).
  * Query head h reads KV head h / (num_heads / num_kv_heads).
  * The caller's floating-point mode does not reach the results: every call that computes runs
  * (on all its threads) in the C default environment, round to nearest even with subnormals
