@@ -28,18 +28,17 @@ def _window(window_size):
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError("window_size must be a pair (left, right), got %r" % (window_size,))
+    # (a negative side is unbounded, -1 or not, as FlashAttention's kernels take it)
     left, right = int(left), int(right)
-    if left < -1 or right < -1:
-        raise ValueError("window_size (%d, %d): each side must be >= 0, or -1 for unbounded"
-                         % (left, right))
-    return (left, right)
+    return (max(left, -1), max(right, -1))
 
 
 def _softcap(softcap):
+    # (FlashAttention: "anything > 0 activates softcapping"; 0 and below are off)
     sc = float(softcap or 0.0)
-    if sc < 0 or not math.isfinite(sc):
-        raise ValueError("softcap must be a finite value >= 0 (0 = off), got %r" % (softcap,))
-    return sc
+    if not math.isfinite(sc):
+        raise ValueError("softcap must be finite (<= 0 = off), got %r" % (softcap,))
+    return sc if sc > 0 else 0.0
 
 
 def _scale(softmax_scale, head_size):
@@ -167,8 +166,8 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         softmax_scale: logit scale, default ``1/sqrt(head_size)``.
         causal: bottom-right aligned causal mask (query row t of a sequence with q_len queries
             and k_len keys sits at key position ``k_len - q_len + t``).
-        window_size: ``(left, right)`` local window, -1 = unbounded side.
-        softcap: logits soft-cap (0 = off).
+        window_size: ``(left, right)`` local window; a negative side (-1) is unbounded.
+        softcap: logits soft-cap; 0 or below is off (FlashAttention: "anything > 0 activates").
         alibi_slopes: float32 ``[num_heads]`` or ``[batch, num_heads]``.
         block_table: int32 ``[batch, max_blocks_per_seq]`` (paged mode).
         return_softmax_lse: also return the natural-log LSE ``[num_heads, total_q]`` float32.
@@ -429,15 +428,20 @@ def _rows_view(x, name, shape4, v=None, copy=True):
     return A.View(rows, v.ptr, (b * s, h, d), (row, d, 1), v.kind, v.itemsize, v.torch)
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False, window_size=None,
-                            softcap=0.0, alibi_slopes=None, return_softmax_lse=False, out=None,
-                            s_aux=None, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0,
-                            backend=None, cache_batch_idx=None, dropout_p=0.0, q_descale=None,
-                            k_descale=None, v_descale=None, rotary_cos=None, rotary_sin=None,
-                            rotary_interleaved=True, **ignored):
+                            softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None, s_aux=None,
+                            kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, backend=None,
+                            dropout_p=0.0, q_descale=None, k_descale=None, v_descale=None,
+                            **ignored):
     """Attention of a batch of queries over a KV cache, as FlashAttention's
-    ``flash_attn_with_kvcache`` (decode, speculative decode, chunked prefill).
+    ``flash_attn_with_kvcache`` (decode, speculative decode, chunked prefill). The positional
+    arguments are FlashAttention 2's, in its order (``q, k_cache, v_cache, k, v, rotary_cos,
+    rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale,
+    causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+    return_softmax_lse``); pagedattn's own arguments after them are keyword-only.
 
     Args:
         q: ``[batch, seqlen_q, num_heads, head_size]``.
@@ -454,7 +458,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             aligned: query t of sequence b sits at ``cache_seqlens[b] + seqlen_new - seqlen_q + t``.
         return_softmax_lse: also return the LSE ``[batch, num_heads, seqlen_q]`` float32.
         out: optional output ``[batch, seqlen_q, num_heads, head_size]``.
-        cache_batch_idx: dense caches only: int32 ``[batch]``, the cache row of each sequence.
+        cache_batch_idx: dense caches only: int32 ``[batch]``, the cache row of each sequence
+            (with ``block_table``: ValueError, as FlashAttention refuses it).
+        cache_leftpad: not supported (NotImplementedError unless None).
+        num_splits: a tuning knob of FlashAttention's kernels; ignored.
 
     Returns:
         ``out`` or ``(out, lse)``.
@@ -469,6 +476,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Tuning keywords (``num_splits``, ``fa_version``, ...) are ignored.
     """
     _check_ignored(ignored)
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad is not supported by pagedattn")
+    if cache_batch_idx is not None and block_table is not None:
+        raise ValueError("cache_batch_idx is for dense caches: a paged cache (block_table) "
+                         "does not take it, as in FlashAttention")
     k_scale, v_scale = _compat(dropout_p, False, q_descale, k_descale, v_descale, k_scale,
                                v_scale)
     if (rotary_cos is None) != (rotary_sin is None):
@@ -698,7 +710,9 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_size]`` of the
             cache dtype (uint8 for fp8), any strides with a contiguous head_size dim.
         slot_mapping: int64 ``[num_tokens]``; token i goes to block ``slot // block_size``, offset
-            ``slot % block_size``; negative slots are skipped.
+            ``slot % block_size``; negative slots are skipped. It may hold fewer entries than
+            ``key`` has rows (vLLM V1 pads key and value for CUDA graphs, not slot_mapping): its
+            length is the number of tokens written, as in vLLM.
         kv_cache_dtype: ``"auto"`` (cache dtype = its array dtype) or ``"fp8"``/``"fp8_e4m3"``/
             ``"fp8_e5m2"`` (stored value = fp8(x / scale), saturating).
         k_scale, v_scale: fp8 quantization scales (ignored for non-fp8 caches).
@@ -724,7 +738,7 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
         raise ValueError("key has %s heads x head_size; the cache has (%d, %d)"
                          % (kn.shape[1:], cache.num_kv_heads, cache.head_size))
     slots = A.to_np(slot_mapping, np.int64, "slot_mapping", 1)
-    if slots.size != kn.shape[0]:
+    if slots.size > kn.shape[0]:
         raise ValueError("slot_mapping has %d entries for %d tokens" % (slots.size, kn.shape[0]))
     _cache_write(cache, kn, vn, slots, A.scalar(k_scale, "k_scale"), A.scalar(v_scale, "v_scale"),
                  cdt, backend)

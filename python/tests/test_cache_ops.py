@@ -73,6 +73,26 @@ def test_reshape_and_cache_flash_strided_rows(rng):
     np.testing.assert_array_equal(vc[slots // bs, slots % bs], value)
 
 
+def test_reshape_and_cache_flash_padded_key(rng):
+    """vLLM V1 pads key and value for CUDA graphs but not slot_mapping: its length is the
+    number of tokens written (csrc/cache_kernels.cu); the padding rows are never read."""
+    T, n, H, D, nb, bs = 8, 5, 2, 16, 3, 4
+    key = randn(rng, (T, H, D), np.float32)
+    value = randn(rng, (T, H, D), np.float32)
+    key[n:] = np.nan  # padding: must not reach the cache
+    value[n:] = np.nan
+    kc = np.zeros((nb, bs, H, D), np.float32)
+    vc = np.zeros((nb, bs, H, D), np.float32)
+    slots = np.array([3, 0, -1, 9, 6], np.int64)
+    pa.reshape_and_cache_flash(key, value, kc, vc, slots)
+    ek, ev = np.zeros_like(kc), np.zeros_like(vc)
+    for i, s in enumerate(slots):
+        if s >= 0:
+            ek[s // bs, s % bs], ev[s // bs, s % bs] = key[i], value[i]
+    np.testing.assert_array_equal(kc, ek)
+    np.testing.assert_array_equal(vc, ev)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "uint8"])
 @pytest.mark.parametrize("layout", ["flash", "paged", "hnd_view"])
 def test_copy_blocks(rng, dtype, layout):

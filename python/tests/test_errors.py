@@ -47,7 +47,7 @@ def test_varlen_argument_checks(rng, bad):
     elif bad == "seqused":
         kw["seqused_k"] = np.array([9], np.int32)
     elif bad == "window":
-        kw["window_size"] = (-2, 0)
+        kw["window_size"] = (1, 2, 3)  # (not a pair; a negative side is unbounded, as in FlashAttention)
     elif bad == "scale":
         kw["softmax_scale"] = -1.0
     elif bad == "kvdtype":
@@ -89,8 +89,8 @@ def test_reshape_and_cache_errors_leave_cache_untouched(rng, case):
         slots[3] = nb * bs
     elif case == "twice":
         slots[3] = 0
-    elif case == "length":
-        slots = slots[:3]
+    elif case == "length":  # (more slots than key rows; fewer is vLLM V1's padding, allowed)
+        slots = np.array([0, 1, 2, 3, 4], np.int64)
     elif case == "shape":
         key = randn(rng, (T, H, D + 1), np.float32)
     elif case == "dtype":

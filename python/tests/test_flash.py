@@ -652,3 +652,61 @@ def test_broadcast_and_reversed_input_rows(backend, rng):
         outs.append((pa.flash_attn_with_kvcache(qq, c, c, kk, kk, cache_seqlens=np.array([5, 9]),
                                                 block_table=bt, causal=True, backend=backend), c))
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
+def test_with_kvcache_flash_attn_positional_order(backend, rng):
+    """FlashAttention 2's positional order: q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+    window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse
+    (flash_attn/flash_attn_interface.py). A call by position means what it means there."""
+    H, Hkv, D, bs = 4, 2, 32, 8
+    klens = [3, 20]
+    nb = sum(-(-k // bs) for k in klens) + 2
+    kc = nan_cache(nb, bs, Hkv, D, np.float32)
+    vc = nan_cache(nb, bs, Hkv, D, np.float32)
+    tabs = tables(rng, klens, bs, nb)
+    bt = pad_tables(tabs)
+    fill_cache(rng, kc, vc, tabs, klens, np.float32)
+    q = randn(rng, (2, 1, H, D), np.float32)
+    seqlens = np.array(klens, np.int32)
+    want = pa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=bt,
+                                      softmax_scale=0.3, causal=True, window_size=(5, 0),
+                                      softcap=4.0, return_softmax_lse=True, backend=backend)
+    got = pa.flash_attn_with_kvcache(q, kc, vc, None, None, None, None, seqlens, None, None, bt,
+                                     0.3, True, (5, 0), 4.0, True, None, 0, True, backend=backend)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(w, g)
+    for b in range(2):  # and against the oracle: scale 0.3, window (5, 0), soft-cap 4
+        K = O.gather(kc, tabs[b], klens[b])
+        V = O.gather(vc, tabs[b], klens[b])
+        ro, _ = O.attention(q[b], K, V, [klens[b] - 1], scale=0.3, window=(5, 0), softcap=4.0)
+        O.assert_close(got[0][b], ro, np.dtype(np.float32))
+
+
+def test_with_kvcache_flash_attn_refusals(rng):
+    """As FlashAttention: a paged cache takes no cache_batch_idx; cache_leftpad is not
+    supported (loudly)."""
+    kc = np.zeros((4, 8, 1, 16), np.float32)
+    q = np.zeros((1, 1, 2, 16), np.float32)
+    bt = np.array([[0, 1]], np.int32)
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, block_table=bt,
+                                   cache_batch_idx=np.array([0], np.int32))
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        pa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, block_table=bt,
+                                   cache_leftpad=np.array([0], np.int32))
+
+
+def test_flash_attn_negative_softcap_and_window_sides(backend, rng):
+    """FlashAttention: "anything > 0 activates softcapping" (a negative softcap is off), and any
+    negative window side is unbounded, -1 or not."""
+    q = randn(rng, (1, 7, 4, 16), np.float32)
+    k = randn(rng, (1, 9, 2, 16), np.float32)
+    v = randn(rng, (1, 9, 2, 16), np.float32)
+    plain = pa.flash_attn_func(q, k, v, causal=True, backend=backend)
+    odd = pa.flash_attn_func(q, k, v, causal=True, softcap=-3.0, window_size=(-7, -2),
+                             backend=backend)
+    np.testing.assert_array_equal(plain, odd)
+    half = pa.flash_attn_func(q, k, v, causal=True, window_size=(2, -5), backend=backend)
+    want = pa.flash_attn_func(q, k, v, causal=True, window_size=(2, -1), backend=backend)
+    np.testing.assert_array_equal(half, want)
