@@ -927,6 +927,19 @@ static void build_cases(void)
         decode_only(&c, f8l[i].ctx, 3);
         push(c, "fp8-tables");
     }
+    /* chunked prefills over more than 4096 keys, the cpu backend's prefill key chunk
+     * (cpu_plan.c): their rows split in two and merged; sinks (counted once in the merge), and
+     * ALiBi with a window that starts inside the first chunk, over bf16 at head size 128 */
+    c = base_case();
+    c.nseq = 2, c.sinks = 1;
+    c.seqs[0] = (gseq){4200, 40, 1, 0};
+    c.seqs[1] = (gseq){100, 1, 0, 0};
+    push(c, "long-chunk");
+    c = base_case();
+    c.D = 128, c.cache = c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32;
+    c.nseq = 1, c.alibi = 1, c.wl = 4100, c.wr = 0;
+    c.seqs[0] = (gseq){4150, 24, 1, 0};
+    push(c, "long-chunk");
 }
 
 int grid_count(void)
