@@ -139,11 +139,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, kind what, pa_dtyp
 
 int main(void)
 {
-    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip(), *ref = pa_backend_find("reference");
     static const pa_dtype caches[] = {PA_DTYPE_F32, PA_DTYPE_F16, PA_DTYPE_BF16, PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
     static const pa_dtype queries[] = {PA_DTYPE_F32, PA_DTYPE_BF16};
     static const int64_t shapes[][2] = {{299, 1}, {2999, 1}, {0, 40}, {100, 20}}; /* ctx, qlen */

@@ -75,11 +75,7 @@ static int check(const char *what, pa_dtype dt, const unsigned char *codes, cons
 
 int main(void)
 {
-    const pa_backend *cpu = pa_backend_find("cpu");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip();
     static const pa_dtype dts[] = {PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
     static float out[KEYS * H * D];
     int ran = 0;

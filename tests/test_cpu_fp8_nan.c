@@ -139,11 +139,7 @@ static void round_at(const pa_backend *cpu, const pa_backend *ref)
 
 int main(void)
 {
-    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip(), *ref = pa_backend_find("reference");
     H = 8, D = 128;
     round_at(cpu, ref);
     H = 8, D = 80;

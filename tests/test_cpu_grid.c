@@ -13,11 +13,7 @@
 
 int main(int argc, char **argv)
 {
-    const pa_backend *cpu = pa_backend_find("cpu");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip();
     const char *filter = argc > 1 ? argv[1] : NULL;
     const char *const *isas = test_cpu_isas;
     int ran = 0;

@@ -8,6 +8,17 @@
 static const char *const test_cpu_isas[] = {"generic", "avx2", "avx512", "avx512bf16", "neon"};
 #define TEST_CPU_NISA ((int)(sizeof test_cpu_isas / sizeof *test_cpu_isas))
 
+/* The cpu backend; a build without one skips the test (exit 77, CTest's SKIP_RETURN_CODE). */
+static inline const pa_backend *test_cpu_backend_or_skip(void)
+{
+    const pa_backend *cpu = pa_backend_find("cpu");
+    if (!cpu) {
+        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
+        exit(77);
+    }
+    return cpu;
+}
+
 /* Points the cpu backend at ISA path `isa` (PAGEDATTN_CPU_ISA, read when a context is created);
  * 0 when this machine cannot run it. */
 static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)

@@ -153,11 +153,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
 
 int main(void)
 {
-    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip(), *ref = pa_backend_find("reference");
     static const pa_dtype caches[] = {PA_DTYPE_F32, PA_DTYPE_BF16, PA_DTYPE_FP8_E5M2};
     for (int c = 0; c < 3; c++) {
         const pa_dtype dt = caches[c];

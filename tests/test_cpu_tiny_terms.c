@@ -174,11 +174,7 @@ static void one(const pa_backend *cpu, const pa_backend *ref, const scenario *sc
 
 int main(void)
 {
-    const pa_backend *cpu = pa_backend_find("cpu"), *ref = pa_backend_find("reference");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip(), *ref = pa_backend_find("reference");
     static const pa_dtype wcaches[] = {PA_DTYPE_F32, PA_DTYPE_BF16};
     for (int c = 0; c < 2; c++) {
         const pa_dtype dt = wcaches[c];

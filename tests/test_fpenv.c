@@ -224,11 +224,7 @@ static void check_convert(void)
 int main(void)
 {
     check_convert();
-    const pa_backend *cpu = pa_backend_find("cpu");
-    if (!cpu) {
-        printf("SKIP: this build has no cpu backend (configured with -DPAGEDATTN_CPU=OFF)\n");
-        return 77;
-    }
+    const pa_backend *cpu = test_cpu_backend_or_skip();
     check_merge(NULL, "pa_merge_states on the host");
     printf("the caller's invalid and overflow traps: %s\n",
            traps_on ? "enabled" : "not available here (the test runs without them)");
