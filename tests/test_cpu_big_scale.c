@@ -7,7 +7,10 @@
  *  - ZERO: dim 0 of the query 2^126, of every key 0; the logits are 4 k[1] (-3 to 3), over every
  *    cache dtype, f32 and bf16 queries;
  *  - BIG: dim 0 of key j t 2^-126 (t = j mod 4), so that q[0] k[0] = t counts: logits 4 (t +
- *    k[1]), over f32 and bf16 caches (the others do not hold 2^-126).
+ *    k[1]), over f32 and bf16 caches (the others do not hold 2^-126);
+ *  - HUGE: fp8 caches with scale 2^64 and k_scale 2^64, whose product (the factor the query rows
+ *    take) overflows fp32: q[0] 2^-126, q[1] 0, key codes t / 4 in dim 0: logits t. The first fix
+ *    of this fault looped forever on it (the factor inf); before, the rows were NaN.
  * In a decode (one KV split, and several merged), a prompt and a chunked prefill; each path
  * against the reference (double precision), and the reference's last row against the closed
  * form of its lse. */
@@ -22,15 +25,16 @@
 enum { H = 8, HKV = 2, D = 64, BS = 16 };
 #define QBIG 0x1p126f
 #define SCALE 4.0f
+#define HUGE_S 0x1p64f /* HUGE's scale and k_scale */
 
-typedef enum { ZERO, BIG } kind;
+typedef enum { ZERO, BIG, HUGE } kind;
 
 /* key j's K or V at (kv head kh, dim d), before the cache's dtype */
 static float key_value(kind what, int64_t j, int kh, int d, bool value)
 {
     if (value) return (float)((j * 3 + d + 5 * kh) % 11) * 0.125f - 0.5f;
-    if (d == 0) return what == BIG ? (float)(j % 4) * 0x1p-126f : 0.0f;
-    if (d == 1) return (float)((j + kh) % 7) * 0.25f - 0.75f;
+    if (d == 0) return what == BIG ? (float)(j % 4) * 0x1p-126f : what == HUGE ? (float)((j + kh) % 4) * 0.25f : 0.0f;
+    if (d == 1) return what == HUGE ? 0.5f : (float)((j + kh) % 7) * 0.25f - 0.75f;
     return 0.0f;
 }
 
@@ -47,7 +51,8 @@ static void one(const pa_backend *cpu, const pa_backend *ref, kind what, pa_dtyp
 {
     pa_layer_config cfg;
     pa_layer_config_init(&cfg, H, HKV, D);
-    cfg.scale = SCALE;
+    cfg.scale = what == HUGE ? HUGE_S : SCALE;
+    if (what == HUGE) cfg.k_scale = HUGE_S; /* (the cache's codes are k / k_scale) */
     cfg.cache_dtype = cache_dtype;
     cfg.q_dtype = q_dtype; /* (the output stays f32) */
     pa_layer *layer = NULL;
@@ -71,13 +76,13 @@ static void one(const pa_backend *cpu, const pa_backend *ref, kind what, pa_dtyp
     uint16_t *qb = malloc(sizeof(uint16_t) * nq);
     for (size_t i = 0; i < nq; i++) {
         const int d = (int)(i % D);
-        qf[i] = d == 0 ? QBIG : d == 1 ? 1.0f : 0.0f;
-        qb[i] = pa_f32_to_bf16(qf[i]); /* (2^126 and 1: exact in bf16) */
+        qf[i] = what == HUGE ? (d == 0 ? 0x1p-126f : 0.0f) : d == 0 ? QBIG : d == 1 ? 1.0f : 0.0f;
+        qb[i] = pa_f32_to_bf16(qf[i]); /* (2^126, 2^-126 and 1: exact in bf16) */
     }
     for (int64_t t = 0; t < qlen; t++)
         for (int kh = 0; kh < HKV; kh++)
             for (int d = 0; d < D; d++) {
-                k[(t * HKV + kh) * D + d] = key_value(what, ctx + t, kh, d, false);
+                k[(t * HKV + kh) * D + d] = key_value(what, ctx + t, kh, d, false) * cfg.k_scale;
                 v[(t * HKV + kh) * D + d] = key_value(what, ctx + t, kh, d, true);
             }
     const void *q = q_dtype == PA_DTYPE_BF16 ? (const void *)qb : (const void *)qf;
@@ -96,7 +101,8 @@ static void one(const pa_backend *cpu, const pa_backend *ref, kind what, pa_dtyp
             for (int64_t j = 0; j < n; j++) {
                 const double k0 = cached(cache_dtype, key_value(what, j, kh, 0, false));
                 const double k1 = cached(cache_dtype, key_value(what, j, kh, 1, false));
-                const double s = SCALE * ((double)QBIG * k0 + k1);
+                const double s = what == HUGE ? (double)HUGE_S * 0x1p-126 * k0 * HUGE_S
+                                              : SCALE * ((double)QBIG * k0 + k1);
                 if (pass == 0) m = s > m ? s : m;
                 else l += exp(s - m);
             }
@@ -143,11 +149,12 @@ int main(void)
     static const pa_dtype caches[] = {PA_DTYPE_F32, PA_DTYPE_F16, PA_DTYPE_BF16, PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2};
     static const pa_dtype queries[] = {PA_DTYPE_F32, PA_DTYPE_BF16};
     static const int64_t shapes[][2] = {{299, 1}, {2999, 1}, {0, 40}, {100, 20}}; /* ctx, qlen */
-    for (int w = 0; w < 2; w++)
+    for (int w = 0; w < 3; w++)
         for (int c = 0; c < 5; c++)
             for (int qd = 0; qd < 2; qd++)
                 for (int s = 0; s < 4; s++) {
                     if (w == BIG && caches[c] != PA_DTYPE_F32 && caches[c] != PA_DTYPE_BF16) continue;
+                    if (w == HUGE && !pa__dtype_is_fp8(caches[c])) continue;
                     one(cpu, ref, (kind)w, caches[c], queries[qd], shapes[s][0], shapes[s][1]);
                 }
     return test_exit();

@@ -204,17 +204,22 @@ static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
             bad ? NAN : l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-static float q_scale(const pa_layer_config *cfg)
+/* The scale the query rows take: the layer's, times k_scale over an fp8 cache (its keys are
+ * read unscaled). In double: the product of two finite floats is exact there, and finite even
+ * where fp32 would overflow (scale 2^64 over k_scale 2^64); rounded to float it is the fp32
+ * product. */
+static double q_scale(const pa_layer_config *cfg)
 {
     bool cached = cfg->attn_type == PA_ATTN_DECODER || cfg->attn_type == PA_ATTN_ENCODER_DECODER;
-    return cfg->scale * (cached && pa__dtype_is_fp8(cfg->cache_dtype) ? cfg->k_scale : 1.0f);
+    return (double)cfg->scale * (cached && pa__dtype_is_fp8(cfg->cache_dtype) ? (double)cfg->k_scale : 1.0);
 }
 
-/* The least e >= 0 for which every finite element of the n at q times qsc / 2^e is finite:
- * the query rows' pre-scaling by qsc (> 1) would otherwise overflow where the contract's order,
- * the scale after the dot product, need not (an independent oracle found the NaN rows: q 2^126,
- * scale 4, k 0; bench/NOTES.md, thirty-eighth pass). 0 for nearly every call. */
-static int q_overflow_exp(const float *q, size_t n, float qsc)
+/* The least e >= 0 for which qsc / 2^e and every finite element of the n at q times it are
+ * finite floats: the query rows' pre-scaling by qsc (> 1) would otherwise overflow where the
+ * contract's order, the scale after the dot product, need not (an independent oracle found the
+ * NaN rows: q 2^126, scale 4, k 0; bench/NOTES.md, thirty-eighth pass). 0 for nearly every
+ * call. Ends: qsc is finite, and so is the largest finite |q|. */
+static int q_overflow_exp(const float *q, size_t n, double qsc)
 {
     float mx = 0.0f;
     for (size_t i = 0; i < n; i++) {
@@ -222,7 +227,7 @@ static int q_overflow_exp(const float *q, size_t n, float qsc)
         mx = a > mx && a != INFINITY ? a : mx; /* (inf or NaN: so they stay, scaled or not) */
     }
     int e = 0;
-    while ((double)mx * ldexp((double)qsc, -e) > (double)FLT_MAX) e++;
+    while (ldexp(qsc, -e) > (double)FLT_MAX || (double)mx * ldexp(qsc, -e) > (double)FLT_MAX) e++;
     return e;
 }
 
@@ -384,12 +389,13 @@ static void run_item(void *arg, int64_t index, int thread)
     if (ulo < uhi) {
         /* the layer's scale: on the fp32 query rows (below), or on the sums of the bf16 dot
          * products over the query rows as given */
-        float qsc = q_scale(cfg);
+        const double qsc_d = q_scale(cfg);
+        const float qsc = (float)qsc_d; /* (inf where the product overflows fp32: fp32 kernels only) */
         key_src ks[CPU_KROWS / 16];
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
-        bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16;
+        bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16 && isfinite(qsc);
         /* bf16 queries as given over fp8 keys too, where a table has qk_src_e4m3_bf16 (or
          * qk_src_e5m2_bf16), for the rows per KV head and head sizes it is meant for (decode
          * tiles: those rows are within the direct ones). One thread, 16 x 4096 from DRAM: E4M3
@@ -400,7 +406,8 @@ static void run_item(void *arg, int64_t index, int thread)
         void (*const qk8)(const void *const *, int, const uint16_t *, int, int, float, float *, int,
                           const pa__cpu_pf *) = e4 ? K->qk_src_e4m3_bf16 : e5 ? K->qk_src_e5m2_bf16 : NULL;
         bool q16e = !q16 && qk8 && K->qk_src && cfg->q_dtype == PA_DTYPE_BF16 &&
-                    d % (e4 ? K->qk_e4m3_bf16_dims : 16) == 0 && nrk >= (e4 ? K->qk_e4m3_bf16_rows : 1) && nrk <= 8;
+                    d % (e4 ? K->qk_e4m3_bf16_dims : 16) == 0 && nrk >= (e4 ? K->qk_e4m3_bf16_rows : 1) && nrk <= 8 &&
+                    isfinite(qsc);
         /* the rows copied for those kernels, and tested on the way: rows that bf16 dot products
          * would not score as the contract does go to the fp32 kernels (cpu.h, q16_load) */
         if ((q16 || q16e) && !K->q16_load(sc->rows, nr, d, dp, sc->q16, qsc, q16)) q16 = q16e = false;
@@ -451,9 +458,9 @@ static void run_item(void *arg, int64_t index, int thread)
         if (!(q16e || (q16 && (direct || (transposed && K->qk_t_bf16 && d % 2 == 0))))) {
             K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
             float qm = qsc;
-            if (qsc > 1.0f) {
-                post_e = q_overflow_exp(sc->q, (size_t)nr * dp, qsc);
-                qm = ldexpf(qsc, -post_e);
+            if (qsc_d > 1.0) {
+                post_e = q_overflow_exp(sc->q, (size_t)nr * dp, qsc_d);
+                qm = (float)ldexp(qsc_d, -post_e); /* (e = 0: qsc) */
             }
             for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qm;
         }
