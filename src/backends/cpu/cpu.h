@@ -183,6 +183,10 @@ typedef struct pa__cpu_kernels {
      * c < nc, is -inf: a visible key's logit of -inf (an infinite q or k value) before the
      * driver masks the hidden keys (score_fix, PA__CPU_NEG_INF_LOGIT). nc <= CPU_KT. */
     bool (*any_neg_inf)(const float *s, int lds, int nr, int nc);
+    /* Optional (NULL: the driver's scalar loop, cap * tanhf(s / cap)). s[r * lds + c] = cap *
+     * tanh(s / cap) for r < nr, c < nc, within ~2 fp32 ulps of tanh; NaN stays NaN, +-inf
+     * becomes +-cap. nc <= CPU_KT. */
+    void (*softcap_rows)(float *s, int lds, int nr, int nc, float cap);
     /* Optional (NULL: row_max and exp_row row by row). One tile's online-softmax step for nr
      * rows none of which is marked bad or sees no key of the tile (hidden keys' scores -inf):
      * with mx the maximum of s[r * lds + 0..nc) and mn = (mx > m[r] ? mx : m[r]),

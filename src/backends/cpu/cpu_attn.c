@@ -302,13 +302,16 @@ static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cp
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < nc; c++)
                 if (sc->s[r * CPU_KT + c] == -INFINITY) sc->s[r * CPU_KT + c] = PA__CPU_NEG_INF_LOGIT;
+    /* the soft-cap by the table where it has one (rows that see nothing: -inf below anyway) */
+    const bool capped = cfg->logits_soft_cap > 0.0f && K->softcap_rows;
+    if (capped) K->softcap_rows(sc->s, CPU_KT, nr, nc, cfg->logits_soft_cap);
     for (int r = 0; r < nr; r++) {
         float *s = sc->s + r * CPU_KT;
         if (sc->vis[r] == 0) {
             for (int c = 0; c < nc; c++) s[c] = -INFINITY;
             continue;
         }
-        if (cfg->logits_soft_cap > 0.0f) {
+        if (cfg->logits_soft_cap > 0.0f && !capped) {
             float cap = cfg->logits_soft_cap, inv = 1.0f / cap;
             for (int c = 0; c < nc; c++) s[c] = cap * tanhf(s[c] * inv);
         }
