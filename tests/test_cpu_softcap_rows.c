@@ -3,7 +3,7 @@
  * 0 to 60 caps, densest around the table's switch between its series and its exp form (|s / cap|
  * = 0.5), tiny and subnormal scores, both signs, and the non-finite ones (NaN stays NaN, +-inf
  * becomes +-cap, -FLT_MAX, the driver's visible -inf, -cap); caps from 1e-3 to 1e4; every width
- * 1..CPU_KT (the tail under a mask) and nothing written past nc. Each table that has the kernel
+ * 1..CPU_KT (the tail under a mask or through a buffer) and nothing written past nc. Each table that has the kernel
  * and that this CPU runs; skips where none does. */
 #include "test.h"
 
@@ -91,6 +91,22 @@ int main(void)
             pa__cpu_kernels_init_avx2(&k);
             pa__cpu_kernels_init_avx512(&k, false, false);
             if (k.softcap_rows) check_table("avx512", &k), tables++;
+        }
+        if (pa__cpu_isa_usable(PA__ISA_AVX2, &f)) {
+            pa__cpu_kernels k;
+            pa__cpu_kernels_init_generic(&k);
+            pa__cpu_kernels_init_avx2(&k);
+            if (k.softcap_rows) check_table("avx2", &k), tables++;
+        }
+    }
+    if (pa__cpu_kernels_init_generic && pa__cpu_kernels_init_neon && pa__cpu_detect && pa__cpu_isa_usable) {
+        pa__cpu_features f;
+        pa__cpu_detect(&f);
+        if (pa__cpu_isa_usable(PA__ISA_NEON, &f)) {
+            pa__cpu_kernels k;
+            pa__cpu_kernels_init_generic(&k);
+            pa__cpu_kernels_init_neon(&k);
+            if (k.softcap_rows) check_table("neon", &k), tables++;
         }
     }
     if (!tables) {

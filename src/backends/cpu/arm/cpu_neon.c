@@ -340,6 +340,48 @@ PA__INLINE float32x4_t exp4(float32x4_t x)
     return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
+/* softcap_rows (cpu.h): the avx512 table's form (x86/cpu_avx512.c, a5_softcap_rows) 4 lanes at
+ * a time: tanh of y = s / cap by its odd series to y^15 below |y| = 0.5, (1 - e) / (1 + e) with
+ * e = exp4(-2 |y|) above, the sign of y put back, NaN lanes passed through. A row's tail goes
+ * through a buffer of 4: nothing past nc is read or written. */
+PA__INLINE float32x4_t cap4(float32x4_t x, float32x4_t inv, float32x4_t vcap)
+{
+    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    const float32x4_t y = vmulq_f32(x, inv), a = vabsq_f32(y);
+    const float32x4_t e = exp4(vmulq_n_f32(a, -2.0f));
+    const float32x4_t big = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+    const float32x4_t y2 = vmulq_f32(a, a);
+    float32x4_t q = vdupq_n_f32(-0.0014558344f);           /* -929569/638512875 */
+    q = vfmaq_f32(vdupq_n_f32(0.0035921280f), q, y2);      /* 21844/6081075 */
+    q = vfmaq_f32(vdupq_n_f32(-0.0088632355f), q, y2);     /* -1382/155925 */
+    q = vfmaq_f32(vdupq_n_f32(0.0218694885f), q, y2);      /* 62/2835 */
+    q = vfmaq_f32(vdupq_n_f32(-0.0539682540f), q, y2);     /* -17/315 */
+    q = vfmaq_f32(vdupq_n_f32(0.1333333333f), q, y2);      /* 2/15 */
+    q = vfmaq_f32(vdupq_n_f32(-0.3333333333f), q, y2);     /* -1/3 */
+    const float32x4_t small = vfmaq_f32(a, vmulq_f32(q, y2), a);
+    float32x4_t t = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.5f)), small, big);
+    t = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), vandq_u32(vreinterpretq_u32_f32(y), sign)));
+    t = vbslq_f32(vceqq_f32(y, y), t, y); /* NaN lanes: y */
+    return vmulq_f32(vcap, t);
+}
+
+static void n_softcap_rows(float *s, int lds, int nr, int nc, float cap)
+{
+    const float32x4_t inv = vdupq_n_f32(1.0f / cap), vcap = vdupq_n_f32(cap);
+    for (int r = 0; r < nr; r++) {
+        float *p = s + (size_t)r * lds;
+        int c = 0;
+        for (; c + 4 <= nc; c += 4) vst1q_f32(p + c, cap4(vld1q_f32(p + c), inv, vcap));
+        if (c < nc) {
+            float t[4] = {0};
+            memcpy(t, p + c, sizeof(float) * (size_t)(nc - c));
+            vst1q_f32(t, cap4(vld1q_f32(t), inv, vcap));
+            memcpy(p + c, t, sizeof(float) * (size_t)(nc - c));
+        }
+    }
+}
+
 static float n_exp_row(float *s, int n, float m)
 {
     float32x4_t vm = vdupq_n_f32(m), ninf = vdupq_n_f32(-INFINITY), acc = vdupq_n_f32(0.0f);
@@ -607,6 +649,7 @@ void pa__cpu_kernels_init_neon(pa__cpu_kernels *k)
     k->qk = n_qk;
     k->row_max = n_row_max;
     k->exp_row = n_exp_row;
+    k->softcap_rows = n_softcap_rows;
     k->pv = n_pv;
     k->store_row = n_store_row;
     k->qk_src = n_qk_src;

@@ -382,6 +382,48 @@ static inline __attribute__((always_inline)) __m256 exp_row_acc(float *s, int n,
     return acc;
 }
 
+/* softcap_rows (cpu.h): the avx512 table's form (cpu_avx512.c, a5_softcap_rows) 8 lanes at a
+ * time: tanh of y = s / cap by its odd series to y^15 below |y| = 0.5, (1 - e) / (1 + e) with
+ * e = exp8(-2 |y|) above, the sign of y put back, NaN lanes passed through (exp8 clamps a NaN to
+ * -104). A row's tail (nc not a multiple of 8) goes through a buffer of 8: nothing past nc is
+ * read or written. */
+static inline __m256 cap8(__m256 x, __m256 inv, __m256 vcap)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 y = _mm256_mul_ps(x, inv), a = _mm256_andnot_ps(sign, y);
+    const __m256 e = exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
+    const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+    const __m256 y2 = _mm256_mul_ps(a, a);
+    __m256 q = _mm256_set1_ps(-0.0014558344f);                 /* -929569/638512875 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.0035921280f));  /* 21844/6081075 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.0088632355f)); /* -1382/155925 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.0218694885f));  /* 62/2835 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.0539682540f)); /* -17/315 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.1333333333f));  /* 2/15 */
+    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.3333333333f)); /* -1/3 */
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, y2), a, a);
+    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.5f), _CMP_LT_OQ));
+    t = _mm256_or_ps(t, _mm256_and_ps(y, sign));
+    t = _mm256_blendv_ps(t, y, _mm256_cmp_ps(y, y, _CMP_UNORD_Q));
+    return _mm256_mul_ps(vcap, t);
+}
+
+static void a2_softcap_rows(float *s, int lds, int nr, int nc, float cap)
+{
+    const __m256 inv = _mm256_set1_ps(1.0f / cap), vcap = _mm256_set1_ps(cap);
+    for (int r = 0; r < nr; r++) {
+        float *p = s + (size_t)r * lds;
+        int c = 0;
+        for (; c + 8 <= nc; c += 8) _mm256_storeu_ps(p + c, cap8(_mm256_loadu_ps(p + c), inv, vcap));
+        if (c < nc) {
+            float t[8] = {0};
+            memcpy(t, p + c, sizeof(float) * (size_t)(nc - c));
+            _mm256_storeu_ps(t, cap8(_mm256_loadu_ps(t), inv, vcap));
+            memcpy(p + c, t, sizeof(float) * (size_t)(nc - c));
+        }
+    }
+}
+
 /* The sum of a's lanes in hsum8's order (the same bits as its lane for a) */
 static inline float hsum1_tree(__m256 a)
 {
@@ -1371,6 +1413,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->exp_row = a2_exp_row;
     k->softmax_rows = a2_softmax_rows;
     k->any_neg_inf = a2_any_neg_inf;
+    k->softcap_rows = a2_softcap_rows;
     k->pv = a2_pv;
     k->pv_rows = a2_pv_rows;
     k->store_row = a2_store_row;
