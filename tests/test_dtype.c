@@ -549,6 +549,16 @@ static void test_convert(void)
                      PA_STATUS_INVALID_ARGUMENT, "overlap");
     CHECK_STATUS(pa_convert(PA_DTYPE_F32, fdst, PA_DTYPE_F32, fsrc, SIZE_MAX / 2, 1.0f),
                  PA_STATUS_OVERFLOW);
+    /* spans whose byte counts fit a size_t but run past the address space (or past PTRDIFF_MAX,
+     * the largest object): the overlap test must not wrap into "disjoint" */
+    CHECK_STATUS(pa_convert(PA_DTYPE_F32, fdst, PA_DTYPE_F32, fsrc, SIZE_MAX / 4, 1.0f),
+                 PA_STATUS_OVERFLOW);
+    CHECK_STATUS(pa_convert(PA_DTYPE_F16, fdst, PA_DTYPE_F32, fsrc, SIZE_MAX / 4, 1.0f),
+                 PA_STATUS_OVERFLOW);
+    CHECK_STATUS(pa_convert(PA_DTYPE_FP8_E4M3, fdst, PA_DTYPE_F32, fsrc, (size_t)PTRDIFF_MAX / 4 + 1, 1.0f),
+                 PA_STATUS_OVERFLOW);
+    CHECK_STATUS(pa_convert(PA_DTYPE_F32, fdst, PA_DTYPE_FP8_E4M3, (const void *)(UINTPTR_MAX - 2), 4, 1.0f),
+                 PA_STATUS_OVERFLOW);
     CHECK(fdst[0] == 9 && fdst[1] == 9 && fdst[2] == 9 && fdst[3] == 9);
     /* Adjacent but disjoint buffers are fine. */
     union {

@@ -176,9 +176,9 @@ pa_status pa__cpu_plan_build(pa__cpu_ctx *c, const struct pa_layer *layer,
     p->merges = pa__calloc((size_t)(p->nmerges ? p->nmerges : 1), sizeof *p->merges);
     p->part = pa__calloc((size_t)(p->npart_rows ? p->npart_rows : 1), (size_t)(dp + 2) * sizeof(float));
     if (!p->items || !p->merges || !p->part) {
+        const long long nitems = (long long)p->nitems; /* (read after the free until an audit: thirty-ninth pass) */
         pa__cpu_plan_free(p);
-        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan of %lld items",
-                        (long long)p->nitems);
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: plan of %lld items", nitems);
     }
     int64_t ni, nm, np;
     enumerate(layer, batch, p->items, p->merges, &ni, &nm, &np);
