@@ -493,7 +493,8 @@ PA_API void pa_plan_destroy(pa_plan *plan);
 
 /* The tensors of one forward call. Token rows: element (token i, head h, dim d) of q sits at
  * q[i * q_row_stride + h * head_size + d] (heads and dims contiguous), so q, k and v may be
- * views into one fused QKV buffer. A row stride of 0 means contiguous (heads * head_size). */
+ * views into one fused QKV buffer. A row stride of 0 means contiguous (heads * head_size); one
+ * below a row is INVALID_ARGUMENT, one whose last row ends beyond 2^63 bytes OVERFLOW. */
 typedef struct pa_forward_args {
     const void *q;        /* [num_tokens, num_heads, head_size], layer q_dtype */
     int64_t q_row_stride;
@@ -533,7 +534,7 @@ PA_API pa_status pa_attn_forward(pa_context *ctx, const pa_layer *layer, const p
 
 /* vLLM's reshape_and_cache_flash: for i < num_tokens with slot = slot_mapping[i] >= 0, writes
  * key[i] and value[i] ([num_kv_heads, head_size], `src_dtype`, rows k_row_stride/v_row_stride
- * elements apart, 0 = contiguous) into token slot % block_size of block slot / block_size,
+ * elements apart, 0 = contiguous; strides as in pa_forward_args) into token slot % block_size of block slot / block_size,
  * converting to the cache dtype (fp8: quant(x / k_scale), quant(x / v_scale), each quotient an
  * fp32 division rounded once to the code). Negative slots
  * are skipped. OUT_OF_RANGE for a slot beyond the pool; INVALID_ARGUMENT for a slot twice. */

@@ -711,6 +711,17 @@ static void test_forward(void)
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "k_row_stride 8 is less than a row (16");
     a = f->args, a.v_row_stride = 15;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "v_row_stride 15");
+    /* strides whose last row's byte offset overflows an int64 (2^62 + 1 wrapped to a small offset
+     * and read or wrote another row; INT64_MAX / 8 over 4 rows fits in elements, not in bytes) */
+    a = f->args, a.q_row_stride = ((int64_t)1 << 62) + 1;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW,
+           "q_row_stride 4611686018427387905 over 4 rows overflows a 64-bit offset");
+    a = f->args, a.out_row_stride = INT64_MAX / 8;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "out_row_stride");
+    a = f->args, a.k_row_stride = INT64_MAX;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "k_row_stride");
+    a = f->args, a.v_row_stride = INT64_MAX / 8;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "v_row_stride");
     a = f->args, a.lse_token_stride = 1, a.lse_head_stride = 1;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 1, head 1) overlap for [4, 4]");
     a = f->args, a.lse_token_stride = 4, a.lse_head_stride = -1;
@@ -851,6 +862,10 @@ static void test_cache_write(void)
            "k_row_stride 15 is less than a row (16");
     REJECT(f, pa_cache_write(NULL, c, PA_DTYPE_F32, k, 0, v, -16, slots, N, 1, 1), PA_STATUS_INVALID_ARGUMENT,
            "v_row_stride -16");
+    REJECT(f, pa_cache_write(NULL, c, PA_DTYPE_F32, k, ((int64_t)1 << 62) + 1, v, 0, slots, N, 1, 1),
+           PA_STATUS_OVERFLOW, "k_row_stride 4611686018427387905 over");
+    REJECT(f, pa_cache_write(NULL, c, PA_DTYPE_F32, k, 0, v, INT64_MAX / 4, slots, N, 1, 1), PA_STATUS_OVERFLOW,
+           "v_row_stride");
     REJECT(f, pa_cache_write(NULL, c, PA_DTYPE_F32, k, 0, v, 0, slots, N, 2, 1), PA_STATUS_INVALID_ARGUMENT,
            "k_scale 2, v_scale 1 must be finite > 0, and 1 for a f32 cache");
     /* fp8 view of the same memory: scales must be finite and > 0 */

@@ -143,13 +143,21 @@ void pa_plan_destroy(pa_plan *p)
 
 /* ---- forward validation ---------------------------------------------------------------------- */
 
-/* Resolves a row stride (0 = contiguous) and checks it leaves rows disjoint. */
-static pa_status row_stride(int64_t *stride, int64_t row, const char *what)
+/* Resolves a row stride (0 = contiguous) and checks it leaves rows disjoint, and that the last
+ * of `rows` rows ends at a byte offset an int64 holds (elements of up to 4 bytes; a stride of
+ * 2^62 + 1 wrapped to a small offset and wrote another row until an audit: bench/NOTES.md,
+ * thirty-ninth pass). */
+static pa_status row_stride(int64_t *stride, int64_t row, int64_t rows, const char *what)
 {
     if (*stride == 0) *stride = row;
     if (*stride < row)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s_row_stride %lld is less than a row (%lld elements)",
                         what, (long long)*stride, (long long)row);
+    int64_t end;
+    if (rows > 0 && (!pa__mul_i64(rows - 1, *stride, &end) || !pa__add_i64(end, row, &end) ||
+                     !pa__mul_i64(end, 4, &end)))
+        return pa__fail(PA_STATUS_OVERFLOW, "%s_row_stride %lld over %lld rows overflows a 64-bit offset", what,
+                        (long long)*stride, (long long)rows);
     return PA_STATUS_OK;
 }
 
@@ -253,9 +261,13 @@ static pa_status check_forward(const struct pa_context *ctx, const struct pa_lay
     if (cached && (s = check_cache_for(ctx, L, b, a->cache, c->attn_type == PA_ATTN_ENCODER_DECODER)))
         return s;
     if (!cached) r->cache = NULL;
-    if ((s = row_stride(&r->q_row_stride, qrow, "q")) || (s = row_stride(&r->out_row_stride, qrow, "out")))
+    const int64_t nt = b->md.num_tokens;
+    if ((s = row_stride(&r->q_row_stride, qrow, nt, "q")) || (s = row_stride(&r->out_row_stride, qrow, nt, "out")))
         return s;
-    if (a->k && ((s = row_stride(&r->k_row_stride, kvrow, "k")) || (s = row_stride(&r->v_row_stride, kvrow, "v"))))
+    /* (cross-attention's new K/V rows are the encoder's tokens) */
+    const int64_t nkt = c->attn_type == PA_ATTN_ENCODER_DECODER ? b->md.num_encoder_tokens : nt;
+    if (a->k &&
+        ((s = row_stride(&r->k_row_stride, kvrow, nkt, "k")) || (s = row_stride(&r->v_row_stride, kvrow, nkt, "v"))))
         return s;
     if (a->lse) {
         if (r->lse_token_stride == 0 && r->lse_head_stride == 0) {
@@ -319,7 +331,7 @@ pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype,
     if (n > 0 && (!key || !value || !slots))
         return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_write: key, value and slot_mapping must not be NULL");
     int64_t row = (int64_t)c->num_kv_heads * c->head_size;
-    if ((s = row_stride(&k_row_stride, row, "k")) || (s = row_stride(&v_row_stride, row, "v"))) return s;
+    if ((s = row_stride(&k_row_stride, row, n, "k")) || (s = row_stride(&v_row_stride, row, n, "v"))) return s;
     if (!(isfinite(k_scale) && k_scale > 0 && isfinite(v_scale) && v_scale > 0) ||
         (!pa__dtype_is_fp8(c->dtype) && (k_scale != 1.0f || v_scale != 1.0f)))
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
