@@ -552,7 +552,8 @@ PA_API pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, i
 
 /* vLLM's swap_blocks: copies whole blocks pairs[2p] of src to pairs[2p+1] of dst (both pools),
  * e.g. device <-> host. src and dst must have the same dtype, block_size, num_kv_heads and
- * head_size (strides may differ); they must be different pools; destinations distinct. */
+ * head_size (strides may differ); they must be different pools (INVALID_ARGUMENT if a byte of
+ * dst's key or value pool lies within src's); destinations distinct. */
 PA_API pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_cache *dst,
                                       const int64_t *pairs, int64_t num_pairs);
 
@@ -564,7 +565,8 @@ PA_API pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, cons
  * LSE is -inf is empty and adds nothing, whatever its out holds. Both -inf: out = 0, out_lse =
  * -inf. Tensors [num_tokens,
  * num_heads, head_size] contiguous in `dtype` (f32, f16, bf16); LSEs fp32 with the strides
- * given (0, 0 = [num_tokens, num_heads]); out_lse may be NULL. out may alias neither input. */
+ * given (0, 0 = [num_tokens, num_heads]); out_lse may be NULL. out and out_lse share no byte
+ * with an input or with each other (INVALID_ARGUMENT otherwise: not even in place). */
 typedef struct pa_merge_args {
     int64_t num_tokens;
     int32_t num_heads, head_size;

@@ -48,6 +48,13 @@ void pa__free(void *ptr);
 /* a * b and a + b into *out, false on int64 overflow or negative operands. */
 bool pa__mul_i64(int64_t a, int64_t b, int64_t *out);
 bool pa__add_i64(int64_t a, int64_t b, int64_t *out);
+/* Whether the byte ranges [a, a + an) and [b, b + bn) share a byte (empty ranges share none). */
+bool pa__ranges_overlap(const void *a, size_t an, const void *b, size_t bn);
+/* For pairs (src, dst) at v[2i], v[2i + 1], i < n, with distinct destinations: whether some
+ * destination is also a source; *dst_pair and *src_pair the first such source's pair index (in
+ * order) and the index of the pair that has it as destination. OUT_OF_MEMORY only on allocation
+ * failure. O(n log n). */
+pa_status pa__find_chained_pair(const int64_t *v, int64_t n, bool *found, int64_t *dst_pair, int64_t *src_pair);
 /* Looks for a value that occurs twice among v[0], v[stride], ... v[(n-1)*stride] (negative values
  * ignored when skip_negative). OUT_OF_MEMORY only on allocation failure. */
 pa_status pa__find_duplicate(const int64_t *v, int64_t n, int64_t stride, bool skip_negative,

@@ -394,12 +394,13 @@ pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, int32_t 
             (s = check_block_ids(pairs, num_pairs, 1, caches[l].num_blocks, what)))
             return s;
     }
-    for (int64_t p = 0; p < num_pairs; p++)
-        for (int64_t q = 0; q < num_pairs; q++)
-            if (pairs[2 * p + 1] == pairs[2 * q])
-                return pa__fail(PA_STATUS_INVALID_ARGUMENT,
-                                "%s: block %lld is the destination of pair %lld and the source of pair %lld",
-                                what, (long long)pairs[2 * p + 1], (long long)p, (long long)q);
+    bool chained;
+    int64_t p, q; /* (by sorting: the pairwise loop took seconds over 40k pairs, an audit found) */
+    if ((s = pa__find_chained_pair(pairs, num_pairs, &chained, &p, &q))) return s;
+    if (chained)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: block %lld is the destination of pair %lld and the source of pair %lld", what,
+                        (long long)pairs[2 * p + 1], (long long)p, (long long)q);
     if (ctx && ctx->backend->copy_blocks) {
         PA__WITH_CTX(ctx, what, s, ctx->backend->copy_blocks(ctx->impl, caches, num_layers, pairs, num_pairs));
         return s;
@@ -419,8 +420,14 @@ pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_ca
     if (src->dtype != dst->dtype || src->block_size != dst->block_size ||
         src->num_kv_heads != dst->num_kv_heads || src->head_size != dst->head_size)
         return pa__fail(PA_STATUS_SHAPE_MISMATCH, "%s: src and dst differ in dtype or block geometry", what);
-    if (src->key == dst->key || src->value == dst->value)
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: src and dst are the same pools (use copy_blocks)", what);
+    /* different pools: no byte of dst's two within src's (pointers alone let crossed pools, or
+     * dst = src shifted by a block, through until an audit: bench/NOTES.md, thirty-ninth pass) */
+    const size_t es = pa_dtype_size(src->dtype), sb = (size_t)pa_cache_pool_elems(src) * es,
+                 db = (size_t)pa_cache_pool_elems(dst) * es;
+    if (pa__ranges_overlap(dst->key, db, src->key, sb) || pa__ranges_overlap(dst->key, db, src->value, sb) ||
+        pa__ranges_overlap(dst->value, db, src->key, sb) || pa__ranges_overlap(dst->value, db, src->value, sb))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: dst's pools overlap src's (swap needs different pools; within one, copy_blocks)", what);
     if (num_pairs < 0 || (num_pairs > 0 && !pairs))
         return pa__fail(num_pairs < 0 ? PA_STATUS_INVALID_ARGUMENT : PA_STATUS_NULL_POINTER,
                         "%s: num_pairs %lld with %s pairs", what, (long long)num_pairs, pairs ? "" : "NULL");
@@ -451,8 +458,6 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
                         (long long)a->num_tokens, a->num_heads, a->head_size, (int)a->dtype);
     if (a->num_tokens > 0 && (!a->out_a || !a->lse_a || !a->out_b || !a->lse_b || !a->out))
         return pa__fail(PA_STATUS_NULL_POINTER, "pa_merge_states: out_a, lse_a, out_b, lse_b and out are required");
-    if (a->out && (a->out == a->out_a || a->out == a->out_b))
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: out must not alias an input");
     pa_merge_args r = *a;
     if (r.lse_token_stride == 0 && r.lse_head_stride == 0) {
         r.lse_token_stride = a->num_heads;
@@ -461,9 +466,25 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
     if (!strides_2d_ok(r.num_tokens, r.num_heads, r.lse_token_stride, r.lse_head_stride))
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: lse strides (%lld, %lld) overlap",
                         (long long)r.lse_token_stride, (long long)r.lse_head_stride);
-    int64_t e;
-    if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e))
+    int64_t e, le = 0;
+    if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e) ||
+        !pa__mul_i64(e, (int64_t)pa_dtype_size(r.dtype), &e))
         return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: size overflows");
+    if (r.num_tokens > 0) /* strides_2d_ok: the last LSE's offset fits */
+        le = ((r.num_tokens - 1) * r.lse_token_stride + (int64_t)(r.num_heads - 1) * r.lse_head_stride + 1) *
+             (int64_t)sizeof(float);
+    /* what the call writes shares no byte with what it reads, nor out with out_lse (pointer
+     * equality alone let out = out_a + 1 through until an audit: bench/NOTES.md, thirty-ninth
+     * pass; the cuda kernel reads a row's LSEs in every thread and writes out_lse from one) */
+    const void *rd[4] = {r.out_a, r.lse_a, r.out_b, r.lse_b};
+    const size_t rn[4] = {(size_t)e, (size_t)le, (size_t)e, (size_t)le};
+    for (int i = 0; i < 4; i++)
+        if (pa__ranges_overlap(r.out, (size_t)e, rd[i], rn[i]) ||
+            (r.out_lse && pa__ranges_overlap(r.out_lse, (size_t)le, rd[i], rn[i])))
+            return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: out or out_lse overlaps an input (%s)",
+                            i == 0 ? "out_a" : i == 1 ? "lse_a" : i == 2 ? "out_b" : "lse_b");
+    if (r.out_lse && pa__ranges_overlap(r.out, (size_t)e, r.out_lse, (size_t)le))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: out and out_lse overlap");
     if (ctx && ctx->backend->merge_states) {
         pa_status s;
         PA__WITH_CTX(ctx, "pa_merge_states", s, ctx->backend->merge_states(ctx->impl, &r));

@@ -206,11 +206,6 @@ uint8_t pa_f32_to_fp8e5m2(float f) { return (uint8_t)narrow_minifloat(f, &fmt_e5
 
 /* ---- buffer conversion ---------------------------------------------------------------------- */
 
-static bool ranges_overlap(const void *a, size_t an, const void *b, size_t bn)
-{
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + bn && pb < pa + an;
-}
 
 /*
  * Scale rule: quantizing into fp8 divides by scale, dequantizing from fp8 multiplies by it.
@@ -239,7 +234,7 @@ pa_status pa_convert(pa_dtype dst_dtype, void *dst, pa_dtype src_dtype, const vo
     if (n > (size_t)PTRDIFF_MAX / 4 || (uintptr_t)dst > UINTPTR_MAX - n * dsize ||
         (uintptr_t)src > UINTPTR_MAX - n * ssize)
         return pa__fail(PA_STATUS_OVERFLOW, "pa_convert: n = %zu elements overflow the address space", n);
-    if (ranges_overlap(dst, n * dsize, src, n * ssize))
+    if (pa__ranges_overlap(dst, n * dsize, src, n * ssize))
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                         "pa_convert: dst and src overlap (%zu elements)", n);
 
