@@ -319,6 +319,7 @@ PA_API void pa_cache_free(pa_cache *cache);
 
 /* Reads one token's K and V back, dequantized (fp8 times scale) and converted to f32:
  * key_out and value_out are [num_kv_heads, head_size] (either may be NULL). Host memory only.
+ * The scales are read for fp8 caches only, and must then be finite and > 0 (INVALID_ARGUMENT).
  * For tests and tools. */
 PA_API pa_status pa_cache_read_token(const pa_cache *cache, int64_t slot, float k_scale,
                                      float v_scale, float *key_out, float *value_out);

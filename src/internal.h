@@ -259,6 +259,7 @@ typedef struct pa__fpenv {
 struct pa_context {
     const struct pa_backend *backend;
     void *impl;
+    uint64_t id; /* unique in the process: plans name their context by it */
     int busy; /* a call is running on it (the one-thread-at-a-time rule, checked; __atomic builtins:
                * this header is also read by the cuda backend's C++) */
     pa__fpenv caller_fenv; /* the caller's floating-point environment while a call runs */
@@ -298,7 +299,7 @@ static inline void pa__fpenv_leave(const pa__fpenv *saved)
 
 struct pa_plan {
     const struct pa_backend *backend;
-    const struct pa_context *ctx;
+    uint64_t ctx_id; /* the context's id (addresses are reused) */
     uint64_t batch_id;
     int32_t num_heads, num_kv_heads, head_size;
     pa_attn_type attn_type;

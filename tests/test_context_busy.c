@@ -15,7 +15,7 @@ enum { H = 32, HKV = 8, D = 128, BS = 16, CTX = 8192, NSEQ = 8 };
 
 static pa_cache cache;
 static pa_layer *layer;
-static pa_batch *batch, *small;
+static pa_batch *batch, *small, *batch_for_long;
 static pa_context *ctx;
 static float *q, *want, *got;
 static int64_t ntok = NSEQ;
@@ -33,7 +33,7 @@ static void *long_forward(void *arg)
     (void)arg;
     pa_forward_args a = {.q = q, .cache = &cache, .out = got};
     __atomic_store_n(&long_running, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&long_status, (int)pa_attn_forward(ctx, layer, batch, NULL, &a), __ATOMIC_RELAXED);
+    __atomic_store_n(&long_status, (int)pa_attn_forward(ctx, layer, batch_for_long, NULL, &a), __ATOMIC_RELAXED);
     __atomic_store_n(&long_running, 2, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -72,6 +72,7 @@ int main(void)
     pa_batch_config bc = {.block_size = BS, .num_blocks = nb};
     CHECK_OK(pa_batch_create(&bc, seqs, NSEQ, &batch));
     CHECK_OK(pa_batch_create(&bc, seqs, 1, &small));
+    batch_for_long = batch;
     q = malloc((size_t)ntok * H * D * sizeof *q);
     want = malloc((size_t)ntok * H * D * sizeof *want);
     got = malloc((size_t)ntok * H * D * sizeof *got);
@@ -135,6 +136,40 @@ int main(void)
     CHECK_INT(pa_context_num_threads(ctx), 2);
 
     pa_context_destroy(ctx);
+
+    /* synchronize and set_num_threads are in the rule on every backend, also where the backend
+     * has nothing to do (the reference's set_num_threads, the host backends' synchronize: they
+     * returned OK during a forward until an audit, bench/NOTES.md, thirty-ninth pass). One long
+     * forward of the reference (the small batch) on a thread; the probes meanwhile. */
+    const pa_backend *ref = pa_backend_find("reference");
+    if (ref) {
+        CHECK_OK(pa_context_create(ref, NULL, &ctx));
+        int refused_sync = 0, refused_threads = 0, rprobes = 0;
+        for (int round = 0; round < 20 && !(refused_sync && refused_threads); round++) {
+            long_running = 0;
+            pthread_t th;
+            batch_for_long = small;
+            CHECK_INT(pthread_create(&th, NULL, long_forward, NULL), 0);
+            while (!__atomic_load_n(&long_running, __ATOMIC_ACQUIRE)) {
+            }
+            while (__atomic_load_n(&long_running, __ATOMIC_ACQUIRE) == 1) {
+                pa_status s1 = pa_context_synchronize(ctx), s2 = pa_context_set_num_threads(ctx, 3);
+                CHECK(s1 == PA_STATUS_OK || in_use(s1));
+                CHECK(s2 == PA_STATUS_OK || in_use(s2));
+                refused_sync += in_use(s1);
+                refused_threads += in_use(s2);
+                rprobes++;
+            }
+            pthread_join(th, NULL);
+            CHECK(long_status == PA_STATUS_OK || long_status == PA_STATUS_INVALID_ARGUMENT); /* (a probe first) */
+        }
+        printf("reference: %d probes, synchronize refused %d times, set_num_threads %d\n", rprobes, refused_sync,
+               refused_threads);
+        CHECK(refused_sync > 0 && refused_threads > 0);
+        CHECK_OK(pa_context_synchronize(ctx));
+        CHECK_OK(pa_context_set_num_threads(ctx, 3));
+        pa_context_destroy(ctx);
+    }
     pa_batch_destroy(batch);
     pa_batch_destroy(small);
     pa_layer_destroy(layer);

@@ -312,6 +312,25 @@ static void test_cache_init(void)
     c.value = V;
     CHECK_OK(pa_cache_read_token(&c, 3, 1, 1, ko, vo));
     CHECK(ko[0] == 7 && ko[1] == 8);
+    CHECK_OK(pa_cache_read_token(&c, 3, NAN, -1, ko, vo)); /* (scales unread for a 16/32-bit cache) */
+    {
+        /* an fp8 view: its scales must be finite and > 0, as everywhere else (an audit: NaN, 0
+         * and -1 went through and wrote NaN, 0 and flipped values) */
+        pa_cache c8;
+        uint8_t k8[8] = {0x38, 0x40, 0, 0, 0, 0, 0, 0}, v8[8] = {0};
+        CHECK_OK(pa_cache_init(&c8, PA_LAYOUT_NHD, PA_DTYPE_FP8_E4M3, 2, 2, 1, 2));
+        c8.key = k8, c8.value = v8;
+        const float bad[] = {NAN, 0.0f, -1.0f, INFINITY};
+        for (int i = 0; i < 4; i++) {
+            ko[0] = ko[1] = vo[0] = vo[1] = -9;
+            CHECK_FAILS_WITH(pa_cache_read_token(&c8, 0, bad[i], 1, ko, vo), PA_STATUS_INVALID_ARGUMENT,
+                             "must be finite > 0 for a fp8_e4m3 cache");
+            CHECK_FAILS_WITH(pa_cache_read_token(&c8, 0, 1, bad[i], ko, vo), PA_STATUS_INVALID_ARGUMENT, "v_scale");
+            CHECK(ko[0] == -9 && ko[1] == -9 && vo[0] == -9 && vo[1] == -9);
+        }
+        CHECK_OK(pa_cache_read_token(&c8, 0, 2.0f, 1, ko, vo));
+        CHECK(ko[0] == 2.0f && ko[1] == 4.0f); /* E4M3 0x38 = 1, 0x40 = 2 */
+    }
 
     /* the view checks every cache-taking function shares (pa__cache_validate) */
     c.memory = (pa_memory)5;
@@ -648,6 +667,52 @@ static void test_backends(void)
 
 /* ---- pa_attn_forward -------------------------------------------------------------------------- */
 
+/* An allocator that hands a freed block of the same size out again (last freed first), as
+ * malloc often does: what it gives is freed by recycling_drain. */
+enum { RECYCLE_MAX = 64 };
+typedef struct {
+    void *p;
+    size_t size;
+    bool is_free;
+} recycled_block;
+static recycled_block recycled[RECYCLE_MAX];
+static int nrecycled;
+
+static void *recycling_alloc(void *user, size_t size, size_t alignment)
+{
+    (void)user;
+    for (int i = nrecycled - 1; i >= 0; i--)
+        if (recycled[i].is_free && recycled[i].size == size) {
+            recycled[i].is_free = false;
+            return recycled[i].p;
+        }
+    if (nrecycled == RECYCLE_MAX) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, alignment, size ? size : alignment) != 0) return NULL;
+    recycled[nrecycled++] = (recycled_block){p, size, false};
+    return p;
+}
+
+static void recycling_free(void *user, void *p)
+{
+    (void)user;
+    for (int i = 0; i < nrecycled; i++)
+        if (recycled[i].p == p) {
+            recycled[i].is_free = true;
+            return;
+        }
+    free(p); /* (made before the allocator was set) */
+}
+
+static void recycling_drain(void)
+{
+    for (int i = 0; i < nrecycled; i++) {
+        if (!recycled[i].is_free) TEST_FAIL("recycling allocator: block %d never freed", i);
+        free(recycled[i].p);
+    }
+    nrecycled = 0;
+}
+
 static void test_forward(void)
 {
     fx F, *f = &F;
@@ -760,6 +825,23 @@ static void test_forward(void)
     REJECT(f, pa_attn_forward(ctx, L, B, plan, &f->args), PA_STATUS_INVALID_ARGUMENT, "the plan was made for another context");
     pa_plan_destroy(plan);
     pa_context_destroy(ctx2);
+    /* a plan that outlived its context, given to a context made after it at the same address
+     * (an allocator that hands freed blocks out again makes it so: an audit found such a plan
+     * taken as the new context's, its cpu run writing past the new context's scratch) */
+    pa_set_allocator(&(pa_allocator){recycling_alloc, recycling_free, NULL});
+    CHECK_OK(pa_context_create(pa_context_backend(ctx), NULL, &ctx2));
+    CHECK_OK(pa_plan_create(ctx2, L, B, &plan));
+    const void *old_addr = ctx2;
+    pa_context_destroy(ctx2);
+    CHECK_OK(pa_context_create(pa_context_backend(ctx), NULL, &ctx2));
+    printf("stale plan: the new context %s the old one's address\n", (const void *)ctx2 == old_addr ? "has" : "does not have");
+    CHECK((const void *)ctx2 == old_addr);
+    REJECT(f, pa_attn_forward(ctx2, L, B, plan, &f->args), PA_STATUS_INVALID_ARGUMENT,
+           "the plan was made for another context");
+    pa_plan_destroy(plan);
+    pa_context_destroy(ctx2);
+    pa_set_allocator(NULL);
+    recycling_drain();
 
     /* attention types vs the batch */
     pa_seq tl[2] = {mkseq(0, 3, 1, NULL, 0), mkseq(0, 1, 1, NULL, 0)};

@@ -144,8 +144,13 @@ pa_status pa_cache_read_token(const pa_cache *c, int64_t slot, float k_scale, fl
     if (slot < 0 || slot / c->block_size >= c->num_blocks)
         return pa__fail(PA_STATUS_OUT_OF_RANGE, "pa_cache_read_token: slot %lld not in [0, %lld)",
                         (long long)slot, (long long)(c->num_blocks * c->block_size));
-    float ks = pa__dtype_is_fp8(c->dtype) ? k_scale : 1.0f;
-    float vs = pa__dtype_is_fp8(c->dtype) ? v_scale : 1.0f;
+    const bool fp8 = pa__dtype_is_fp8(c->dtype);
+    if (fp8 && !(isfinite(k_scale) && k_scale > 0 && isfinite(v_scale) && v_scale > 0))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "pa_cache_read_token: k_scale %g, v_scale %g must be finite > 0 for a %s cache",
+                        (double)k_scale, (double)v_scale, pa_dtype_name(c->dtype));
+    float ks = fp8 ? k_scale : 1.0f;
+    float vs = fp8 ? v_scale : 1.0f;
     pa__fpenv fe; /* (the products in the default environment, as every call that computes) */
     pa__fpenv_enter(&fe);
     for (int32_t h = 0; h < c->num_kv_heads; h++) {

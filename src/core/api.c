@@ -1,6 +1,7 @@
 /* api.c: the public entry points that run work on a backend: contexts, plans, forward and the
  * cache operations. Each validates everything, then calls the backend's hook. */
 #include "internal.h"
+#include <stdatomic.h>
 
 /* ---- contexts ------------------------------------------------------------------------------ */
 
@@ -32,6 +33,8 @@ static void ctx_leave(pa_context *ctx)
         }                                                                                    \
     } while (0)
 
+static atomic_uint_least64_t pa__next_context_id = 1;
+
 pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, pa_context **out)
 {
     if (!b || !out)
@@ -48,6 +51,7 @@ pa_status pa_context_create(const pa_backend *b, const pa_context_options *opt, 
     struct pa_context *ctx = pa__calloc(1, sizeof *ctx);
     if (!ctx) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_context_create: out of memory");
     ctx->backend = b;
+    ctx->id = atomic_fetch_add(&pa__next_context_id, 1);
     pa__fpenv fe; /* (a backend's threads start in their creator's environment) */
     pa__fpenv_enter(&fe);
     pa_status s = b->context_create ? b->context_create(opt, &ctx->impl) : PA_STATUS_OK;
@@ -75,9 +79,9 @@ pa_status pa_context_set_num_threads(pa_context *ctx, int32_t n)
     if (n < 0 || n > PA_MAX_THREADS)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_context_set_num_threads: %d not in [0, %d]", n,
                         PA_MAX_THREADS);
-    if (!ctx->backend->set_num_threads) return PA_STATUS_OK;
-    pa_status s;
-    PA__WITH_CTX(ctx, "pa_context_set_num_threads", s, ctx->backend->set_num_threads(ctx->impl, n));
+    pa_status s; /* (the in-use check also where the backend has nothing to do: the header's rule) */
+    PA__WITH_CTX(ctx, "pa_context_set_num_threads", s,
+                 ctx->backend->set_num_threads ? ctx->backend->set_num_threads(ctx->impl, n) : PA_STATUS_OK);
     return s;
 }
 
@@ -90,9 +94,9 @@ int32_t pa_context_num_threads(const pa_context *ctx)
 pa_status pa_context_synchronize(pa_context *ctx)
 {
     if (!ctx) return pa__fail(PA_STATUS_NULL_POINTER, "pa_context_synchronize: ctx is NULL");
-    if (!ctx->backend->synchronize) return PA_STATUS_OK;
     pa_status s;
-    PA__WITH_CTX(ctx, "pa_context_synchronize", s, ctx->backend->synchronize(ctx->impl));
+    PA__WITH_CTX(ctx, "pa_context_synchronize", s,
+                 ctx->backend->synchronize ? ctx->backend->synchronize(ctx->impl) : PA_STATUS_OK);
     return s;
 }
 
@@ -109,7 +113,7 @@ static pa_status plan_create(pa_context *ctx, const pa_layer *layer, const pa_ba
     struct pa_plan *p = pa__calloc(1, sizeof *p);
     if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_plan_create: out of memory");
     p->backend = b;
-    p->ctx = ctx;
+    p->ctx_id = ctx->id;
     p->batch_id = batch->id;
     p->num_heads = layer->cfg.num_heads;
     p->num_kv_heads = layer->cfg.num_kv_heads;
@@ -233,9 +237,11 @@ static pa_status check_type_rules(const struct pa_layer *L, const struct pa_batc
 static pa_status check_plan(const struct pa_context *ctx, const struct pa_layer *L,
                             const struct pa_batch *b, const struct pa_plan *p)
 {
-    if (p->ctx != ctx || p->batch_id != b->id)
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
-                        "forward: the plan was made for another %s", p->ctx != ctx ? "context" : "batch");
+    /* (ids, not addresses: a context made where a destroyed one was took its plans as its own,
+     * and ran them on scratch sized for others, until an audit: bench/NOTES.md, thirty-ninth pass) */
+    if (p->ctx_id != ctx->id || p->batch_id != b->id)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "forward: the plan was made for another %s",
+                        p->ctx_id != ctx->id ? "context" : "batch");
     if (p->num_heads != L->cfg.num_heads || p->num_kv_heads != L->cfg.num_kv_heads ||
         p->head_size != L->cfg.head_size || p->attn_type != L->cfg.attn_type)
         return pa__fail(PA_STATUS_SHAPE_MISMATCH,
@@ -430,7 +436,8 @@ pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_ca
                         "%s: dst's pools overlap src's (swap needs different pools; within one, copy_blocks)", what);
     if (num_pairs < 0 || (num_pairs > 0 && !pairs))
         return pa__fail(num_pairs < 0 ? PA_STATUS_INVALID_ARGUMENT : PA_STATUS_NULL_POINTER,
-                        "%s: num_pairs %lld with %s pairs", what, (long long)num_pairs, pairs ? "" : "NULL");
+                        num_pairs < 0 ? "%s: num_pairs %lld < 0" : "%s: num_pairs %lld with NULL pairs", what,
+                        (long long)num_pairs);
     if ((s = check_block_ids(pairs, num_pairs, 0, src->num_blocks, what)) ||
         (s = check_block_ids(pairs, num_pairs, 1, dst->num_blocks, what)))
         return s;
