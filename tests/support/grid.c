@@ -50,6 +50,7 @@ typedef struct gcase {
     int nonfinite;      /* NaN/inf in cached K and V, new K and V rows and a query (poison_inputs) */
     float fp8mag;       /* fp8 caches: cached K/V codes' values up to this (0: 8) */
     float vmag;         /* 16- and 32-bit values (cached and new): up to this (0: 1) */
+    float lscale;       /* the layer's scale (0: pa_layer_config_init's 1 / sqrt(D)) */
     uint64_t seed;      /* inputs' seed; 0: drawn from the case's index in the grid */
 } gcase;
 
@@ -106,6 +107,7 @@ static void name_case(gcase *c, const char *tag)
     if (c->share_prefix) FEAT(" shared-blocks");
     if (c->nonfinite) FEAT(" nan-inf");
     if (c->vmag > 0) FEAT(" v%a", (double)c->vmag);
+    if (c->lscale > 0) FEAT(" scale%a", (double)c->lscale);
 #undef FEAT
     snprintf(c->name, sizeof c->name, "%s/%s h%d/%d d%d bs%d %s q%s kv%s o%s c%s%s [%s]", tag,
              pa_attn_type_name(c->type), c->H, c->Hkv, c->D, c->B, layout_name(c->layout),
@@ -940,6 +942,23 @@ static void build_cases(void)
     c.nseq = 1, c.alibi = 1, c.wl = 4100, c.wr = 0;
     c.seqs[0] = (gseq){4150, 24, 1, 0};
     push(c, "long-chunk");
+    /* fp8 caches whose scale times k_scale (2^64 x 2^64) lies beyond fp32's range while every
+     * logit is moderate (queries near 2^-131): a backend that folds the product into one fp32
+     * factor scores inf or NaN (the cuda kernels did until the thirty-ninth pass); a prompt, a
+     * chunked prefill and decodes, one long enough for split keys */
+    c = base_case();
+    c.cache = PA_DTYPE_FP8_E4M3, c.kscale = 0x1p64f, c.lscale = 0x1p64f, c.qscale = 0x1p-131f;
+    push(c, "huge-scale");
+    c = base_case();
+    c.D = 128, c.cache = PA_DTYPE_FP8_E5M2, c.kscale = 0x1p64f, c.vscale = 0.5f, c.lscale = 0x1p65f;
+    c.qscale = 0x1p-132f, c.sinks = 1;
+    c.seqs[2] = (gseq){1500, 1, 0, 0};
+    push(c, "huge-scale");
+    c = base_case();
+    c.D = 128, c.cache = PA_DTYPE_FP8_E4M3, c.qd = c.kvd = PA_DTYPE_BF16, c.kscale = 0x1p64f, c.lscale = 0x1p64f;
+    c.qscale = 0x1p-131f;
+    decode_only(&c, 700, 3);
+    push(c, "huge-scale");
 }
 
 int grid_count(void)
@@ -1084,6 +1103,7 @@ static pa_status make_layer(ginputs *in, uint64_t *rng)
     cfg.blocksparse = c->bs;
     cfg.q_dtype = c->qd, cfg.kv_dtype = c->kvd, cfg.out_dtype = c->outd, cfg.cache_dtype = c->cache;
     cfg.k_scale = c->kscale, cfg.v_scale = c->vscale;
+    if (c->lscale > 0) cfg.scale = c->lscale;
     if (c->H > MAX_HEADS) abort(); /* a case the arrays cannot describe: a bug in the grid */
     for (int h = 0; h < c->H; h++) {
         in->alibi[h] = (float)pow(2.0, -8.0 * (h + 1) / c->H) * 0.5f;
@@ -1826,7 +1846,7 @@ static void oracle(const ginputs *in, double *want_out, double *want_lse)
     for (int s = 0; s < c->nseq; s++) maxn = fmax(maxn, c->seqs[s].ctx + c->seqs[s].q + c->seqs[s].enc);
     long double *K = malloc((size_t)(maxn * kvrow) * sizeof *K), *V = malloc((size_t)(maxn * kvrow) * sizeof *V);
     long double *S = malloc((size_t)maxn * sizeof *S);
-    float scale = (float)(1.0 / sqrt((double)c->D));
+    float scale = c->lscale > 0 ? c->lscale : (float)(1.0 / sqrt((double)c->D));
     for (int s = 0; s < c->nseq; s++) {
         int64_t n = gather(in, s, tok0, enc0, K, V);
         for (int32_t t = 0; t < c->seqs[s].q; t++)

@@ -111,6 +111,14 @@ __device__ __forceinline__ float logit(const pa_cu_attn_params &P, float x, int 
     return isnan(x) ? INFINITY : x;
 }
 
+/* scale * dot(q, k) from a dot product over raw cache codes: x P.kmul 2^P.kexp (the factor
+ * split where it is no fp32 value; see pa_cu_attn_params) */
+__device__ __forceinline__ float code_dot_scaled(const pa_cu_attn_params &P, float dot)
+{
+    const float x = dot * P.kmul;
+    return P.kexp ? ldexpf(x, P.kexp) : x;
+}
+
 /* Adds head h's sink, if the layer has sinks, to a finished row's softmax state (mm, ll); returns
  * the factor for the row's accumulator (the sink joins the denominator only, exactly once). */
 __device__ __forceinline__ float add_sink(const pa_cu_attn_params &P, int h, float &mm, float &ll)
@@ -1436,7 +1444,6 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
     const int ns = P.nsplit[s];
     const int klo = ns == 1 ? 0 : it.split * P.split_len[s];
     const int khi = ns == 1 ? kv_len : (int)min((int64_t)kv_len, (int64_t)klo + P.split_len[s]);
-    const float kmul = P.scale * (pa_cu_is_fp8(P.cache_dtype) ? P.k_scale : 1.f);
     const float vmul = pa_cu_is_fp8(P.cache_dtype) ? P.v_scale : 1.f;
     const int32_t *table = P.tables + (int64_t)s * P.table_stride;
     const uint32_t bs = (uint32_t)P.c_bs;
@@ -1502,7 +1509,7 @@ __global__ void __launch_bounds__(DEC_THREADS) decode_kernel(const __grid_consta
                     const int j = jj[u];
                     float x = -INFINITY;
                     if (j >= rlo[r] && j < rhi[r] && blocksparse_visible(P, rh[r], rp[r], j))
-                        x = logit(P, dot * kmul, rh[r], rp[r], j);
+                        x = logit(P, code_dot_scaled(P, dot), rh[r], rp[r], j);
                     sc[u][r] = x;
                 }
             }
@@ -1907,7 +1914,6 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
     for (int n = 0; n < MT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* rows 2t4, 2t4 + 1 */
     /* fp8: S^T and O^T over the forms (f8form::ratio), scaled back with k_scale and v_scale */
-    const float kmul = F8 ? P.scale * P.k_scale : P.scale;
     const float kratio = F8 ? 1.f / FK::ratio : 1.f, vratio = F8 ? 1.f / FV::ratio : 1.f;
     /* P^T sources: keys 2t4 (+1) of S^T live in lanes 4 (2t4) + g/2 and 4 (2t4 + 1) + g/2 */
     const int srcA = 4 * (2 * t4) + (g >> 1), srcB = 4 * (2 * t4 + 1) + (g >> 1);
@@ -1978,7 +1984,7 @@ __global__ void __launch_bounds__(DEC_THREADS, MINB) decode_mmat_kernel(const __
             const int j = jb + g + 8 * (e >> 1);
             float v = -INFINITY;
             if (j >= rlo[i] && j < rhi[i] && blocksparse_visible(P, rh[i], rp[i], j))
-                v = logit(P, (F8 ? sc[e] * kratio : sc[e]) * kmul, rh[i], rp[i], j);
+                v = logit(P, code_dot_scaled(P, F8 ? sc[e] * kratio : sc[e]), rh[i], rp[i], j);
             x[e] = v;
         }
         bool fix = false;

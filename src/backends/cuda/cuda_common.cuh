@@ -320,6 +320,14 @@ typedef struct pa_cu_attn_params {
     int32_t has_alibi, has_sinks;
     int32_t bs_block, bs_local, bs_vert;
     float k_scale, v_scale; /* 1 for non-fp8 caches */
+    /* The factor of the dot products over raw codes (scale * k_scale; scale for 16/32-bit
+     * caches): kmul 2^kexp. kexp is 0 wherever the product rounds to a normal fp32 value (kmul
+     * then that fp32 product, as before); beyond fp32's range or below its normals kmul is the
+     * product's mantissa in [0.5, 1), and the dot times kmul is scaled by 2^kexp after (a product
+     * that overflowed made every logit of such a layer inf or NaN: bench/NOTES.md, thirty-ninth
+     * pass). */
+    float kmul;
+    int32_t kexp;
     int32_t vec8;           /* cache K/V loads 8 elements at a time (see load8) */
     int32_t dec_hfast;      /* decode grid: one dimension, KV head fastest (see dec_block) */
     int32_t fa_o16;         /* fa tiles: 16-bit outputs in 16-byte row pieces (0: per element) */

@@ -8,6 +8,8 @@
  */
 #include "cuda_common.cuh"
 
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -560,6 +562,17 @@ pa_status pa__cuda_forward(void *impl, const pa__fwd *f, void *plan)
         P.bs_vert = c->blocksparse.vert_stride > 0 ? c->blocksparse.vert_stride : 1;
         P.k_scale = ks;
         P.v_scale = vs;
+        {
+            const double f = (double)c->scale * (double)ks; /* (exact: two fp32 factors) */
+            const float ff = (float)f; /* the fp32 product, rounded once */
+            if (isfinite(ff) && ff >= FLT_MIN) {
+                P.kmul = ff, P.kexp = 0;
+            } else {
+                int e;
+                P.kmul = (float)frexp(f, &e);
+                P.kexp = e;
+            }
+        }
         P.q_dtype = (int32_t)c->q_dtype;
         P.kv_dtype = (int32_t)c->kv_dtype;
         P.out_dtype = (int32_t)c->out_dtype;
