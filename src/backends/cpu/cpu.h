@@ -168,6 +168,20 @@ static inline __attribute__((always_inline)) void pf_share(const pa__cpu_pf *pf,
 
 /* The hot loops; the generic table is always filled, ISA files override entries. All fp32
  * buffers are 64-byte aligned, rows dp (multiple of CPU_DPAD) floats apart. */
+/* The tables' soft-cap (softcap_rows): tanh(y) = y + y^3 P(y^2) for |y| < 0.5, P's
+ * coefficients from y^15's down (the odd Taylor series of tanh; truncation below 1e-8
+ * relative); beyond, (1 - e) / (1 + e) with e = exp(-2 |y|). */
+#define PA__CPU_TANH_SERIES_N 7
+static const float pa__cpu_tanh_series[PA__CPU_TANH_SERIES_N] = {
+    -0.0014558344f, /* -929569/638512875 */
+    0.0035921280f,  /* 21844/6081075 */
+    -0.0088632355f, /* -1382/155925 */
+    0.0218694885f,  /* 62/2835 */
+    -0.0539682540f, /* -17/315 */
+    0.1333333333f,  /* 2/15 */
+    -0.3333333333f, /* -1/3 */
+};
+
 typedef struct pa__cpu_kernels {
     const char *name;
     /* dst[i][0..d) = convert(rows[i][0..d)) for i < n, dst[i][d..dp) = 0. dtype: any. */

@@ -352,13 +352,8 @@ PA__INLINE float32x4_t cap4(float32x4_t x, float32x4_t inv, float32x4_t vcap)
     const float32x4_t e = exp4(vmulq_n_f32(a, -2.0f));
     const float32x4_t big = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
     const float32x4_t y2 = vmulq_f32(a, a);
-    float32x4_t q = vdupq_n_f32(-0.0014558344f);           /* -929569/638512875 */
-    q = vfmaq_f32(vdupq_n_f32(0.0035921280f), q, y2);      /* 21844/6081075 */
-    q = vfmaq_f32(vdupq_n_f32(-0.0088632355f), q, y2);     /* -1382/155925 */
-    q = vfmaq_f32(vdupq_n_f32(0.0218694885f), q, y2);      /* 62/2835 */
-    q = vfmaq_f32(vdupq_n_f32(-0.0539682540f), q, y2);     /* -17/315 */
-    q = vfmaq_f32(vdupq_n_f32(0.1333333333f), q, y2);      /* 2/15 */
-    q = vfmaq_f32(vdupq_n_f32(-0.3333333333f), q, y2);     /* -1/3 */
+    float32x4_t q = vdupq_n_f32(pa__cpu_tanh_series[0]);
+    for (int i = 1; i < PA__CPU_TANH_SERIES_N; i++) q = vfmaq_f32(vdupq_n_f32(pa__cpu_tanh_series[i]), q, y2);
     const float32x4_t small = vfmaq_f32(a, vmulq_f32(q, y2), a);
     float32x4_t t = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.5f)), small, big);
     t = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t), vandq_u32(vreinterpretq_u32_f32(y), sign)));

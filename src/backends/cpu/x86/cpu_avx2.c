@@ -394,13 +394,8 @@ static inline __m256 cap8(__m256 x, __m256 inv, __m256 vcap)
     const __m256 e = exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
     const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
     const __m256 y2 = _mm256_mul_ps(a, a);
-    __m256 q = _mm256_set1_ps(-0.0014558344f);                 /* -929569/638512875 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.0035921280f));  /* 21844/6081075 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.0088632355f)); /* -1382/155925 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.0218694885f));  /* 62/2835 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.0539682540f)); /* -17/315 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(0.1333333333f));  /* 2/15 */
-    q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(-0.3333333333f)); /* -1/3 */
+    __m256 q = _mm256_set1_ps(pa__cpu_tanh_series[0]);
+    for (int i = 1; i < PA__CPU_TANH_SERIES_N; i++) q = _mm256_fmadd_ps(q, y2, _mm256_set1_ps(pa__cpu_tanh_series[i]));
     const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, y2), a, a);
     __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.5f), _CMP_LT_OQ));
     t = _mm256_or_ps(t, _mm256_and_ps(y, sign));

@@ -930,13 +930,8 @@ static void a5_softcap_rows(float *s, int lds, int nr, int nc, float cap)
             const __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
             /* small: the odd series of tanh in y^2 (Horner from y^15's coefficient) */
             const __m512 y2 = _mm512_mul_ps(a, a);
-            __m512 q = _mm512_set1_ps(-0.0014558344f);                 /* -929569/638512875 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(0.0035921280f));  /* 21844/6081075 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(-0.0088632355f)); /* -1382/155925 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(0.0218694885f));  /* 62/2835 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(-0.0539682540f)); /* -17/315 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(0.1333333333f));  /* 2/15 */
-            q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(-0.3333333333f)); /* -1/3 */
+            __m512 q = _mm512_set1_ps(pa__cpu_tanh_series[0]);
+            for (int i = 1; i < PA__CPU_TANH_SERIES_N; i++) q = _mm512_fmadd_ps(q, y2, _mm512_set1_ps(pa__cpu_tanh_series[i]));
             const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(q, y2), a, a);
             const __mmask16 lo = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f), _CMP_LT_OQ);
             __m512 t = _mm512_mask_blend_ps(lo, big, small);
