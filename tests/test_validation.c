@@ -1137,6 +1137,9 @@ static void test_merge(void)
     MERGE_FAILS((m.lse_token_stride = -2, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT, "lse strides (-2, 1)");
     MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 62, m.lse_head_stride = (int64_t)1 << 62), PA_STATUS_INVALID_ARGUMENT,
                 "lse strides");
+    /* LSE strides whose last offset fits an int64 in elements but not in bytes */
+    MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 61, m.lse_head_stride = 1), PA_STATUS_OVERFLOW,
+                "the lse strides (2305843009213693952, 1) overflow a 64-bit offset");
     /* sizes whose product overflows int64 (never touched: rejected first) */
     MERGE_FAILS((m.num_tokens = INT64_MAX / 2, m.num_heads = 1, m.head_size = 64, m.lse_token_stride = 1,
                  m.lse_head_stride = 1),

@@ -477,9 +477,12 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
     if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e) ||
         !pa__mul_i64(e, (int64_t)pa_dtype_size(r.dtype), &e))
         return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: size overflows");
-    if (r.num_tokens > 0) /* strides_2d_ok: the last LSE's offset fits */
-        le = ((r.num_tokens - 1) * r.lse_token_stride + (int64_t)(r.num_heads - 1) * r.lse_head_stride + 1) *
-             (int64_t)sizeof(float);
+    if (r.num_tokens > 0 && /* (strides_2d_ok: the last LSE's offset fits; its bytes may not) */
+        (!pa__add_i64((r.num_tokens - 1) * r.lse_token_stride + (int64_t)(r.num_heads - 1) * r.lse_head_stride, 1,
+                      &le) ||
+         !pa__mul_i64(le, (int64_t)sizeof(float), &le)))
+        return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: the lse strides (%lld, %lld) overflow a 64-bit offset",
+                        (long long)r.lse_token_stride, (long long)r.lse_head_stride);
     /* what the call writes shares no byte with what it reads, nor out with out_lse (pointer
      * equality alone let out = out_a + 1 through until an audit: bench/NOTES.md, thirty-ninth
      * pass; the cuda kernel reads a row's LSEs in every thread and writes out_lse from one) */
