@@ -516,7 +516,9 @@ typedef struct pa_forward_args {
     int64_t out_row_stride;
     /* Optional LSE, fp32: lse[i * lse_token_stride + h * lse_head_stride] for token i, head h.
      * NULL: not written. Both strides 0: [num_tokens, num_heads] contiguous. FlashAttention's
-     * [num_heads, num_tokens] is lse_token_stride 1, lse_head_stride num_tokens. */
+     * [num_heads, num_tokens] is lse_token_stride 1, lse_head_stride num_tokens. Negative
+     * strides, or two (token, head) at one element, are INVALID_ARGUMENT; a last LSE ending
+     * beyond 2^63 bytes is OVERFLOW (the same rules hold for pa_merge_args). */
     float *lse;
     int64_t lse_token_stride, lse_head_stride;
 } pa_forward_args;

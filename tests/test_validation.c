@@ -790,16 +790,21 @@ static void test_forward(void)
     a = f->args, a.lse_token_stride = 1, a.lse_head_stride = 1;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 1, head 1) overlap for [4, 4]");
     a = f->args, a.lse_token_stride = 4, a.lse_head_stride = -1;
-    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides");
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 4, head -1) are negative");
     a = f->args, a.lse_token_stride = 3, a.lse_head_stride = 1; /* token 1 head 0 == token 0 head 3 */
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 3, head 1)");
     a = f->args, a.lse_token_stride = 1, a.lse_head_stride = 3; /* [H, T] needs head stride >= 4 */
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides");
-    /* huge strides whose products overflow must not wrap into "disjoint" */
+    /* huge strides whose products overflow must not wrap into "disjoint": OVERFLOW, like the
+     * row strides (they were called an overlap until the fortieth pass) */
     a = f->args, a.lse_token_stride = (int64_t)1 << 62, a.lse_head_stride = (int64_t)1 << 62;
-    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides");
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW,
+           "lse strides (token 4611686018427387904, head 4611686018427387904) over [4, 4] overflow");
     a = f->args, a.lse_token_stride = INT64_MAX, a.lse_head_stride = INT64_MAX / 3;
-    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides");
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "lse strides");
+    /* the last LSE's offset fits in elements (3 * 2^61 + 3) but not in bytes */
+    a = f->args, a.lse_token_stride = (int64_t)1 << 61, a.lse_head_stride = 1;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "overflow a 64-bit offset");
 
     /* plans made for something else */
     pa_plan *plan = NULL;
@@ -1133,15 +1138,17 @@ static void test_merge(void)
         m = m0, m.out_a = big, m.out = big + 8, m.out_b = big + 16, m.out_lse = NULL;
         CHECK_OK(pa_merge_states(NULL, &m));
     }
-    MERGE_FAILS((m.lse_token_stride = 1, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT, "lse strides (1, 1) overlap");
-    MERGE_FAILS((m.lse_token_stride = -2, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT, "lse strides (-2, 1)");
-    MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 62, m.lse_head_stride = (int64_t)1 << 62), PA_STATUS_INVALID_ARGUMENT,
+    MERGE_FAILS((m.lse_token_stride = 1, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT,
+                "lse strides (token 1, head 1) overlap");
+    MERGE_FAILS((m.lse_token_stride = -2, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT,
+                "lse strides (token -2, head 1) are negative");
+    MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 62, m.lse_head_stride = (int64_t)1 << 62), PA_STATUS_OVERFLOW,
                 "lse strides");
     /* LSE strides whose last offset fits an int64 in elements but not in bytes */
     MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 61, m.lse_head_stride = 1), PA_STATUS_OVERFLOW,
-                "the lse strides (2305843009213693952, 1) overflow a 64-bit offset");
-    /* sizes whose product overflows int64 (never touched: rejected first) */
-    MERGE_FAILS((m.num_tokens = INT64_MAX / 2, m.num_heads = 1, m.head_size = 64, m.lse_token_stride = 1,
+                "lse strides (token 2305843009213693952, head 1) over [2, 2] overflow a 64-bit offset");
+    /* sizes whose product overflows int64 (never touched: rejected first); the LSEs' span fits */
+    MERGE_FAILS((m.num_tokens = INT64_MAX / 8, m.num_heads = 1, m.head_size = 64, m.lse_token_stride = 1,
                  m.lse_head_stride = 1),
                 PA_STATUS_OVERFLOW, "size overflows");
 #undef MERGE_FAILS

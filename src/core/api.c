@@ -165,21 +165,43 @@ static pa_status row_stride(int64_t *stride, int64_t row, int64_t rows, const ch
     return PA_STATUS_OK;
 }
 
-/* A [rows, cols] array with strides (rs, cs) addresses distinct elements per (r, c). */
-static bool strides_2d_ok(int64_t rows, int64_t cols, int64_t rs, int64_t cs)
+/* A [rows, cols] array with strides (rs, cs) addresses distinct elements per (r, c); the offset of
+ * its last element is known to fit an int64. */
+static bool strides_2d_distinct(int64_t rows, int64_t cols, int64_t rs, int64_t cs)
 {
-    if (rs < 0 || cs < 0) return false;
-    /* The last element's offset must be representable (backends index with int64). */
-    int64_t a, b;
-    if (rows > 0 && cols > 0 &&
-        (!pa__mul_i64(rows - 1, rs, &a) || !pa__mul_i64(cols - 1, cs, &b) || !pa__add_i64(a, b, &a)))
-        return false;
     if (rows <= 1) return cols <= 1 || cs >= 1;
     if (cols <= 1) return rs >= 1;
     /* A product that overflows int64 exceeds any stride, so that ordering does not hold. */
     int64_t span;
     return (cs >= 1 && pa__mul_i64(cs, cols, &span) && rs >= span) ||
            (rs >= 1 && pa__mul_i64(rs, rows, &span) && cs >= span);
+}
+
+/* Resolves LSE strides ((0, 0) = [rows, cols] contiguous) and checks them: INVALID_ARGUMENT where
+ * they are negative or two (row, col) share an element, OVERFLOW where the byte just past the last
+ * LSE is beyond an int64 (forward reported that as an overlap until the fortieth pass). *bytes:
+ * the span the LSEs cover, from the first to one past the last (0 when there are none). */
+static pa_status lse_strides(const char *who, int64_t rows, int64_t cols, int64_t *rs, int64_t *cs,
+                             int64_t *bytes)
+{
+    if (*rs == 0 && *cs == 0) {
+        *rs = cols;
+        *cs = 1;
+    }
+    *bytes = 0;
+    if (*rs < 0 || *cs < 0)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: lse strides (token %lld, head %lld) are negative", who,
+                        (long long)*rs, (long long)*cs);
+    int64_t a, b;
+    if (rows > 0 && cols > 0 &&
+        (!pa__mul_i64(rows - 1, *rs, &a) || !pa__mul_i64(cols - 1, *cs, &b) || !pa__add_i64(a, b, &a) ||
+         !pa__add_i64(a, 1, &a) || !pa__mul_i64(a, (int64_t)sizeof(float), bytes)))
+        return pa__fail(PA_STATUS_OVERFLOW, "%s: lse strides (token %lld, head %lld) over [%lld, %lld] overflow a "
+                        "64-bit offset", who, (long long)*rs, (long long)*cs, (long long)rows, (long long)cols);
+    if (!strides_2d_distinct(rows, cols, *rs, *cs))
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: lse strides (token %lld, head %lld) overlap for [%lld, %lld]",
+                        who, (long long)*rs, (long long)*cs, (long long)rows, (long long)cols);
+    return PA_STATUS_OK;
 }
 
 static pa_status check_cache_for(const struct pa_context *ctx, const struct pa_layer *L,
@@ -275,17 +297,10 @@ static pa_status check_forward(const struct pa_context *ctx, const struct pa_lay
     if (a->k &&
         ((s = row_stride(&r->k_row_stride, kvrow, nkt, "k")) || (s = row_stride(&r->v_row_stride, kvrow, nkt, "v"))))
         return s;
-    if (a->lse) {
-        if (r->lse_token_stride == 0 && r->lse_head_stride == 0) {
-            r->lse_token_stride = c->num_heads;
-            r->lse_head_stride = 1;
-        }
-        if (!strides_2d_ok(b->md.num_tokens, c->num_heads, r->lse_token_stride, r->lse_head_stride))
-            return pa__fail(PA_STATUS_INVALID_ARGUMENT,
-                            "forward: lse strides (token %lld, head %lld) overlap for [%lld, %d]",
-                            (long long)r->lse_token_stride, (long long)r->lse_head_stride,
-                            (long long)b->md.num_tokens, c->num_heads);
-    }
+    int64_t lse_bytes;
+    if (a->lse &&
+        (s = lse_strides("forward", nt, c->num_heads, &r->lse_token_stride, &r->lse_head_stride, &lse_bytes)))
+        return s;
     return PA_STATUS_OK;
 }
 
@@ -466,23 +481,13 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_args *a)
     if (a->num_tokens > 0 && (!a->out_a || !a->lse_a || !a->out_b || !a->lse_b || !a->out))
         return pa__fail(PA_STATUS_NULL_POINTER, "pa_merge_states: out_a, lse_a, out_b, lse_b and out are required");
     pa_merge_args r = *a;
-    if (r.lse_token_stride == 0 && r.lse_head_stride == 0) {
-        r.lse_token_stride = a->num_heads;
-        r.lse_head_stride = 1;
-    }
-    if (!strides_2d_ok(r.num_tokens, r.num_heads, r.lse_token_stride, r.lse_head_stride))
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_merge_states: lse strides (%lld, %lld) overlap",
-                        (long long)r.lse_token_stride, (long long)r.lse_head_stride);
-    int64_t e, le = 0;
+    int64_t e, le;
+    pa_status ls = lse_strides("pa_merge_states", r.num_tokens, r.num_heads, &r.lse_token_stride,
+                               &r.lse_head_stride, &le);
+    if (ls) return ls;
     if (!pa__mul_i64(r.num_tokens, (int64_t)r.num_heads * r.head_size, &e) ||
         !pa__mul_i64(e, (int64_t)pa_dtype_size(r.dtype), &e))
         return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: size overflows");
-    if (r.num_tokens > 0 && /* (strides_2d_ok: the last LSE's offset fits; its bytes may not) */
-        (!pa__add_i64((r.num_tokens - 1) * r.lse_token_stride + (int64_t)(r.num_heads - 1) * r.lse_head_stride, 1,
-                      &le) ||
-         !pa__mul_i64(le, (int64_t)sizeof(float), &le)))
-        return pa__fail(PA_STATUS_OVERFLOW, "pa_merge_states: the lse strides (%lld, %lld) overflow a 64-bit offset",
-                        (long long)r.lse_token_stride, (long long)r.lse_head_stride);
     /* what the call writes shares no byte with what it reads, nor out with out_lse (pointer
      * equality alone let out = out_a + 1 through until an audit: bench/NOTES.md, thirty-ninth
      * pass; the cuda kernel reads a row's LSEs in every thread and writes out_lse from one) */
