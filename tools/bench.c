@@ -8,8 +8,11 @@
  * is the faster of the bf16 dot-product and fp32 FMA ones for bf16 queries over a bf16 (or fp8)
  * cache where the CPU has bf16 dot products (on a Xeon with AVX512-BF16 they ran at half the FMA
  * rate, so the dot-product peak alone gave fractions above 1), else the FMA one. Useful
- * flops are 4 * head_size per (query head, visible key): causal halves are not counted. Decode
- * cases rotate over enough layers' caches (>= 256 MiB of KV) that they measure memory, not L3.
+ * flops are 4 * head_size per (query head, visible key): causal halves are not counted. The read
+ * probe's buffer and the KV that each case's timed pass walks (its layers' caches in turn) are
+ * both at least max(1 GiB, 4 x the last-level cache), so that decodes measure memory, not the
+ * LLC (until the fortieth pass the pass was 256 MiB, at most 16 layers: a lone 512-key decode
+ * then read 32 MiB from a 260 MiB L3 at 1.4x the probe's DRAM rate; bench/NOTES.md).
  * Only the public API is used. */
 #define _GNU_SOURCE
 #include "tool.h"
@@ -25,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -337,7 +341,9 @@ typedef struct {
     bcase c;
     int nlayers;
     pa_layer *layer;
-    pa_cache *caches;  /* [nlayers] */
+    pa_cache *caches;  /* [nlayers], their pools in the two arenas */
+    void *karena, *varena;
+    double pass_bytes; /* KV bytes of all layers' pools: what one timed pass walks through */
     pa_batch *batch;
     int64_t ntok;
     void *q, *k, *v, *out;
@@ -377,6 +383,56 @@ static int pattern_normal(pa_dtype dtype, const unsigned char *p, size_t bytes)
     free(tmp);
     return ok;
 }
+
+/* The last-level cache's size in bytes (0: unknown): glibc's sysconf, else the largest cache
+ * that Linux lists for cpu0. */
+static size_t llc_bytes(void)
+{
+    long v = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    if (v > 0) return (size_t)v;
+    size_t best = 0;
+    for (int i = 0; i < 8; i++) {
+        char path[80];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        unsigned long n = 0;
+        char unit = 0;
+        if (fscanf(f, "%lu%c", &n, &unit) >= 1) {
+            size_t b = (size_t)n * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
+            if (b > best) best = b;
+        }
+        fclose(f);
+    }
+    return best;
+}
+
+/* "All threads": the cpu backend's default pool size (the cores this process may run on, its
+ * affinity mask and CPU quota counted), else the affinity mask's count, else the online cores.
+ * (The online count alone ran two threads on one core under `taskset -c 1`.) */
+static int all_threads(int online)
+{
+    const pa_backend *cpu = pa_backend_find("cpu");
+    pa_context *ctx = NULL;
+    int n = 0;
+    if (cpu && pa_backend_available(cpu, NULL, 0) && pa_context_create(cpu, NULL, &ctx) == PA_STATUS_OK) {
+        n = pa_context_num_threads(ctx);
+        pa_context_destroy(ctx);
+    }
+#ifdef __linux__
+    cpu_set_t set;
+    if (n < 1 && sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+#endif
+    return n >= 1 ? n : online;
+}
+
+/* How much memory a measurement walks so that it reads DRAM, not the LLC: the read probe's
+ * buffer and each case's timed pass. Set in pa_tool_bench. */
+static size_t FAR_BYTES = (size_t)1 << 30;
+enum { MAX_LAYERS = 4096 }; /* (a 512-key decode at 1/1 heads, block 1: 256 KiB a layer) */
 
 /* KV pools are the engine's memory (as in vLLM): 2 MiB aligned and, on Linux, backed by
  * transparent huge pages where the system allows it (madvise mode): a paged cache is read in
@@ -461,33 +517,45 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     free(tables);
     if (st) return st;
 
-    /* enough layers that the KV of one pass is far beyond the last-level cache */
+    /* enough layers that the KV of one pass is far beyond the last-level cache (FAR_BYTES), each
+     * layer's pools at their own place in two arenas (one allocation per layer rounded every
+     * pool up to 2 MiB: a 512-key decode's 1 MiB pools took twice their size) */
     double per_layer = (double)blocks * BLK * HKV * HD * 2.0 * (double)pa_dtype_size(c->cache);
-    S->nlayers = (int)ceil(256.0 * 1048576.0 / per_layer);
+    S->nlayers = (int)ceil((double)FAR_BYTES / per_layer);
     if (S->nlayers < 1) S->nlayers = 1;
-    if (S->nlayers > 16) S->nlayers = 16;
+    if (S->nlayers > MAX_LAYERS) S->nlayers = MAX_LAYERS;
     if (tiny) S->nlayers = 1; /* the scalar reference is compute-bound: one layer is enough */
     if (BLOCKS == BLOCKS_HOT) S->nlayers = 1; /* the point: one layer's few blocks stay cached */
     S->caches = calloc((size_t)S->nlayers, sizeof *S->caches);
     unsigned char *pat = malloc(65536);
+    if (!S->caches || !pat) {
+        free(pat);
+        return PA_STATUS_OUT_OF_MEMORY;
+    }
     random_pattern(c->cache, pat, 65536, 42);
     if (!pattern_normal(c->cache, pat + VOFF, 65536 - VOFF)) {
         fprintf(stderr, "bench: the %s KV pattern is not all normal finite values\n", pa_dtype_name(c->cache));
         abort();
     }
+    const pa_cache_layout lay = LAYOUT >= 0 ? (pa_cache_layout)LAYOUT : pa_backend_preferred_layout(be);
+    st = pa_cache_init(&S->caches[0], lay, c->cache, blocks, BLK, HKV, HD);
+    if (st) {
+        free(pat);
+        return st;
+    }
+    const size_t bytes = (size_t)pa_cache_pool_elems(&S->caches[0]) * pa_dtype_size(c->cache);
+    const size_t stride = (bytes + 4095) / 4096 * 4096; /* (each pool page-aligned) */
+    S->karena = alloc_pool(stride * (size_t)S->nlayers);
+    S->varena = alloc_pool(stride * (size_t)S->nlayers);
+    if (!S->karena || !S->varena) {
+        free(pat);
+        return PA_STATUS_OUT_OF_MEMORY;
+    }
+    S->pass_bytes = 2.0 * (double)bytes * S->nlayers;
     for (int l = 0; l < S->nlayers; l++) {
-        st = pa_cache_init(&S->caches[l], LAYOUT >= 0 ? (pa_cache_layout)LAYOUT : pa_backend_preferred_layout(be),
-                           c->cache, blocks, BLK, HKV, HD);
-        size_t bytes = st ? 0 : (size_t)pa_cache_pool_elems(&S->caches[l]) * pa_dtype_size(c->cache);
-        if (!st) {
-            S->caches[l].key = alloc_pool(bytes);
-            S->caches[l].value = alloc_pool(bytes);
-            if (!S->caches[l].key || !S->caches[l].value) st = PA_STATUS_OUT_OF_MEMORY;
-        }
-        if (st) {
-            free(pat);
-            return st;
-        }
+        S->caches[l] = S->caches[0];
+        S->caches[l].key = (char *)S->karena + stride * (size_t)l;
+        S->caches[l].value = (char *)S->varena + stride * (size_t)l;
         /* V: the same values 64 bytes on, so whole elements of every dtype (an odd byte offset
          * made each 2-byte V element of one value's high byte and the next one's low byte: bf16
          * with random exponents, down to subnormals, and f16 with Inf and NaN) */
@@ -507,10 +575,8 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
 
 static void free_case(bsetup *S)
 {
-    for (int l = 0; S->caches && l < S->nlayers; l++) {
-        free(S->caches[l].key);
-        free(S->caches[l].value);
-    }
+    free(S->karena);
+    free(S->varena);
     free(S->caches);
     pa_batch_destroy(S->batch);
     pa_layer_destroy(S->layer);
@@ -591,6 +657,11 @@ static void finish_result(const bsetup *S, const limits *L, bresult *R)
     R->gbs = S->kv_bytes / R->tmed / 1e9;
     R->gflops = S->flops / R->tmed / 1e9;
     R->tok_s = S->tokens / R->tmed;
+    if (!L) { /* no limits at this thread count */
+        R->bound = "n/a";
+        R->floor_s = R->frac = 0;
+        return;
+    }
     /* bf16 queries over a bf16 or fp8 cache, where the CPU has bf16 dot products
      * (AVX512-BF16): the compute limit is the faster of the bf16 dot-product and the fp32 FMA
      * peaks (the cpu backend can take QK by dot products there, and PV in fp32 or by dot
@@ -613,11 +684,11 @@ static int parse_list(const char *s, int *out, int max)
     while (*s) {
         if (n == max) return -1; /* more entries than fit */
         char *end;
+        if (*s < '0' || *s > '9') return -1; /* (strtol would take " 1" and "+1") */
         long v = strtol(s, &end, 10);
-        if (end == s || v < 0 || v > 1024) return -1;
+        if (v > 1024 || (*end && *end != ',') || (*end == ',' && !end[1])) return -1; /* (nor "1,") */
         out[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
     }
     return n;
 }
@@ -633,8 +704,10 @@ static void usage(FILE *f)
             "                   PyTorch SDPA (flash) when python3 has torch with CUDA, over an\n"
             "                   NHD cache (--layout hnd: HND); its cases are fixed, so --heads,\n"
             "                   --block-size and --blocks are refused there\n"
-            "  --threads LIST   thread counts (default: 1,<online cores>; 0 = online cores)\n"
-            "  --repeats N      timed repetitions per case (default 5; one warm-up run more)\n"
+            "  --threads LIST   thread counts (default: 1,<all>; 0 = all: the cores this process\n"
+            "                   may run on, as the cpu backend's default pool counts them)\n"
+            "  --repeats N      timed repetitions per case (default 5, prefill-only cases 3, the\n"
+            "                   reference backend at most 2; one warm-up run more; --json: repeats)\n"
             "  --cases SUBSTR   only cases whose name contains SUBSTR\n"
             "  --quick          a very short run: smaller cases, 2 repeats, short limit probes\n"
             "  --heads HQ/HKV   query / KV heads of every case (default 32/8; HQ a multiple of\n"
@@ -658,8 +731,10 @@ static void usage(FILE *f)
             "Linux) is followed by a note: its figures are disturbed (--json: steal_ms).\n"
             "frac = roofline floor / median time, floor = max(KV bytes / read bandwidth,\n"
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
-            "is the fp32 FMA peak, or for bf16 queries over a bf16 cache on CPUs with AVX512-BF16 the\n"
-            "bf16 dot-product peak where that is the faster one.\n");
+            "is the fp32 FMA peak, or for bf16 queries over a bf16 or fp8 cache on CPUs with AVX512-BF16\n"
+            "the bf16 dot-product peak where that is the faster one. The read probe's buffer and each\n"
+            "case's timed pass (its layers' caches in turn) are at least max(1 GiB, 4 x the LLC);\n"
+            "--quick: max(512 MiB, 2 x the LLC).\n");
 }
 
 static int make_cases(int quick, int tiny, bcase *cs)
@@ -754,8 +829,10 @@ int pa_tool_bench(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(a, "--repeats") && val) {
-            repeats = atoi(val), i++;
-            if (repeats < 1 || repeats > 1000) {
+            char *end = NULL;
+            long r = strtol(val, &end, 10);
+            repeats = end == val || *end || r < 1 || r > 1000 ? 0 : (int)r, i++;
+            if (repeats < 1) {
                 fprintf(stderr, "bench: --repeats must be 1..1000\n");
                 return 2;
             }
@@ -768,22 +845,29 @@ int pa_tool_bench(int argc, char **argv)
     int repeats_given = 0;
     for (int i = 1; i < argc; i++) repeats_given |= !strcmp(argv[i], "--repeats");
     if (quick && !repeats_given) repeats = 2;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores < 1) cores = 1;
+    const int threads_given = nthreads > 0;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1) online = 1;
+    const int all = all_threads((int)online);
     if (nthreads == 0) {
         threads[nthreads++] = 1;
-        if (cores > 1) threads[nthreads++] = (int)cores;
+        if (all > 1) threads[nthreads++] = all;
     }
     for (int i = 0; i < nthreads; i++)
-        if (threads[i] == 0) threads[i] = (int)cores;
+        if (threads[i] == 0) threads[i] = all;
     g_progress = isatty(2);
+    const size_t llc = llc_bytes();
+    FAR_BYTES = (size_t)(quick ? 512 : 1024) << 20;
+    if (llc && (quick ? 2 : 4) * llc > FAR_BYTES) FAR_BYTES = (quick ? 2 : 4) * llc;
 
     /* the cuda backend has a bench of its own (device memory, CUDA events, SDPA beside it) */
     if (!strcmp(backends, "cuda")) {
         /* (its cases are fixed: 32 / 8 heads, block 16, shuffled tables; say so, not ignore) */
-        const char *no = HQ != 32 || HKV != 8 ? "--heads" : BLK != 16 ? "--block-size" : BLOCKS != BLOCKS_SHUFFLED ? "--blocks" : NULL;
+        const char *no = HQ != 32 || HKV != 8 ? "--heads" : BLK != 16 ? "--block-size" : BLOCKS != BLOCKS_SHUFFLED ? "--blocks"
+                         : threads_given ? "--threads" : NULL;
         if (no) {
-            fprintf(stderr, "bench: %s is not taken by --backend cuda (its cases: 32 / 8 heads, block 16, shuffled tables)\n", no);
+            fprintf(stderr, "bench: %s is not taken by --backend cuda (its cases: 32 / 8 heads, block 16, shuffled tables; "
+                            "one GPU)\n", no);
             return 2;
         }
         return pa_tool_bench_cuda(quick, repeats_given ? repeats : 0, json, filter, LAYOUT);
@@ -794,8 +878,12 @@ int pa_tool_bench(int argc, char **argv)
     int nbe = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", backends);
-    for (char *tok = strtok(list, ","); tok && nbe < 8; tok = strtok(NULL, ",")) {
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         const pa_backend *b = pa_backend_find(tok);
+        if (nbe == 8) {
+            fprintf(stderr, "bench: more than 8 backends in --backend '%s'\n", backends);
+            return 2;
+        }
         char why[256] = "";
         if (!b) {
             fprintf(stderr, "bench: no backend '%s'\n", tok);
@@ -810,6 +898,10 @@ int pa_tool_bench(int argc, char **argv)
             return 2;
         }
         bes[nbe++] = b;
+    }
+    if (!nbe) {
+        fprintf(stderr, "bench: --backend '%s' names no backend\n", backends);
+        return 2;
     }
 
     if (filter) { /* before the limit probes: a typo should not cost a minute and then pass */
@@ -827,7 +919,7 @@ int pa_tool_bench(int argc, char **argv)
     }
 
     /* limits */
-    size_t bw_bytes = (size_t)(quick ? 512 : 1024) << 20;
+    size_t bw_bytes = FAR_BYTES;
     unsigned char *buf = alloc_pool(bw_bytes); /* same kind of memory as the KV pools */
     if (!buf) {
         fprintf(stderr, "bench: cannot allocate the bandwidth buffer\n");
@@ -845,14 +937,17 @@ int pa_tool_bench(int argc, char **argv)
         fclose(lf);
     }
     if (!json) {
-        printf("pagedattn %s bench%s: limits measured now (read buffer %zu MiB; LLC is far smaller)\n",
-               pa_version_string(), quick ? " --quick" : "", bw_bytes >> 20);
+        char llcs[48] = "LLC size unknown";
+        if (llc) snprintf(llcs, sizeof llcs, "LLC %zu MiB", llc >> 20);
+        printf("pagedattn %s bench%s: limits measured now (read buffer %zu MiB; %s)\n", pa_version_string(),
+               quick ? " --quick" : "", bw_bytes >> 20, llcs);
         if (!bench_optimized)
             printf("  note: this is an unoptimized (Debug) build: the kernels and the probes run at -O0, "
                    "so the times and fractions below say nothing about the library's speed\n");
         if (load >= 0)
-            printf("  load average %.2f on %ld online cores%s\n", load, cores,
-                   load > 0.5 * (double)cores ? ": other processes compete, figures are low and noisy" : "");
+            printf("  load average %.2f on %ld online cores%s\n", load, online,
+                   load > 0.5 * (double)online ? ": other processes compete, figures are low and noisy" : "");
+        if (all != online) printf("  this process may run on %d of them (affinity or CPU quota): \"all\" threads is %d\n", all, all);
         for (int i = 0; i < nthreads; i++) {
             printf("  %2d thread(s): read %6.1f GB/s   fp32 FMA %7.1f GFLOP/s   bf16 dot ",
                    lims[i].threads, lims[i].read_gbs, lims[i].fma_gflops);
@@ -882,9 +977,10 @@ int pa_tool_bench(int argc, char **argv)
                "min ms", "med ms", "max ms", "KV GB/s", "GFLOP/s", "tok/s", "bound", "frac");
     } else {
         printf("{\n  \"version\": \"%s\",\n  \"optimized_build\": %s,\n  \"load_average\": %.2f,\n"
-               "  \"online_cores\": %ld,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n"
+               "  \"online_cores\": %ld,\n  \"all_threads\": %d,\n  \"llc_bytes\": %zu,\n  \"read_buffer_mib\": %zu,\n  \"heads\": {\"query\": %d, \"kv\": %d, \"size\": %d},\n"
                "  \"block_size\": %d,\n  \"cache_layout\": \"%s\",\n  \"block_tables\": \"%s\",\n  \"limits\": [",
-               pa_version_string(), bench_optimized ? "true" : "false", load, cores, HQ, HKV, HD, BLK,
+               pa_version_string(), bench_optimized ? "true" : "false", load, online, all, llc, bw_bytes >> 20, HQ,
+               HKV, HD, BLK,
                LAYOUT < 0 ? "preferred" : LAYOUT == PA_LAYOUT_NHD ? "nhd" : "hnd",
                BLOCKS_NAME[BLOCKS]);
         for (int i = 0; i < nthreads; i++) {
@@ -918,11 +1014,20 @@ int pa_tool_bench(int argc, char **argv)
                 failures++;
                 continue;
             }
+            int done[16], ndone = 0; /* thread counts this case has run at (the reference: 1 whatever asked) */
             for (int ti = 0; ti < nthreads; ti++) {
                 bresult R = {pa_backend_name(bes[bi]), threads[ti], 0, 0, 0, 0, 0, 0, 0, 0, "", -1};
-                progress("%s: %s, %d thread(s), %d repeats", R.backend, cs[ci].name, threads[ti], repeats);
                 pa_context_set_num_threads(ctx, threads[ti]);
                 R.threads = pa_context_num_threads(ctx);
+                bool again = false;
+                for (int k = 0; k < ndone; k++) again |= done[k] == R.threads;
+                if (again) continue; /* (a second row of the same count said nothing new) */
+                done[ndone++] = R.threads;
+                /* held to the limits of the count it runs at: probed for it, or none (frac n/a) */
+                const limits *lim = NULL;
+                for (int k = 0; k < nthreads; k++)
+                    if (lims[k].threads == R.threads) lim = &lims[k];
+                progress("%s: %s, %d thread(s), %d repeats", R.backend, cs[ci].name, R.threads, repeats);
                 /* prefill steps take seconds: 3 repeats unless asked otherwise */
                 int reps = repeats;
                 if (!repeats_given && cs[ci].nprefill && !cs[ci].ndecode && reps > 3) reps = 3;
@@ -934,22 +1039,32 @@ int pa_tool_bench(int argc, char **argv)
                     failures++;
                     continue;
                 }
-                finish_result(&S, &lims[ti], &R);
+                finish_result(&S, lim, &R);
                 if (g_progress) progress("%s", "");
                 if (json) {
                     /* (7 significant digits: a fixed number of decimals lost most of them on a
                      * small fraction or bandwidth, e.g. in a sanitizer build) */
+                    char fl[32] = "null", fr[32] = "null";
+                    if (lim) snprintf(fl, sizeof fl, "%.7g", R.floor_s * 1e3), snprintf(fr, sizeof fr, "%.7g", R.frac);
                     printf("%s\n    {\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"layers\": %d, "
+                           "\"pass_mib\": %.1f, \"repeats\": %d, "
                            "\"min_ms\": %.7g, \"median_ms\": %.7g, \"max_ms\": %.7g, \"kv_gbs\": %.7g, "
-                           "\"gflops\": %.7g, \"tokens_per_s\": %.7g, \"bound\": \"%s\", \"floor_ms\": %.7g, "
-                           "\"fraction\": %.7g, \"steal_ms\": %s}",
-                           nres ? "," : "", cs[ci].name, R.backend, R.threads, S.nlayers, R.tmin * 1e3,
-                           R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, R.floor_s * 1e3,
-                           R.frac, steal_json(R.steal_s));
+                           "\"gflops\": %.7g, \"tokens_per_s\": %.7g, \"bound\": \"%s\", \"floor_ms\": %s, "
+                           "\"fraction\": %s, \"steal_ms\": %s}",
+                           nres ? "," : "", cs[ci].name, R.backend, R.threads, S.nlayers, S.pass_bytes / 1048576.0,
+                           reps, R.tmin * 1e3, R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, fl,
+                           fr, steal_json(R.steal_s));
                 } else {
-                    printf("%-40s %-9s %3d %9.3f %9.3f %9.3f %8.2f %8.2f %10.1f %-8s %5.0f%%\n", cs[ci].name,
-                           R.backend, R.threads, R.tmin * 1e3, R.tmed * 1e3, R.tmax * 1e3, R.gbs,
-                           R.gflops, R.tok_s, R.bound, R.frac * 100);
+                    char fr[16] = "     -";
+                    if (lim) snprintf(fr, sizeof fr, "%5.0f%%", R.frac * 100);
+                    printf("%-40s %-9s %3d %9.3f %9.3f %9.3f %8.2f %8.2f %10.1f %-8s %s\n", cs[ci].name, R.backend,
+                           R.threads, R.tmin * 1e3, R.tmed * 1e3, R.tmax * 1e3, R.gbs, R.gflops, R.tok_s, R.bound, fr);
+                    if (!lim)
+                        printf("  note: no limits were probed at %d thread(s) (--threads): the row above has no "
+                               "fraction\n", R.threads);
+                    if (!tiny && BLOCKS != BLOCKS_HOT && S.pass_bytes < 0.99 * (double)FAR_BYTES)
+                        printf("  note: the row above walks only %.0f MiB of KV per pass (%d layers at most): part "
+                               "of it may come from the LLC\n", S.pass_bytes / 1048576.0, MAX_LAYERS);
                     /* more than a tick (10 ms at USER_HZ 100) per repeat: the host took the cores */
                     if (R.steal_s > 0.01 * (reps + 1))
                         printf("  note: the hypervisor ran other work for %.2f s of CPU time during the row above "

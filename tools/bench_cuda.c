@@ -118,7 +118,7 @@ static stats time_it(cudaStream_t stream, int reps, void (*fn)(void *), void *ar
         CK(cudaEventDestroy(e[i][1]));
     }
     qsort(ms, (size_t)reps, sizeof ms[0], cmpf);
-    stats s = {ms[0], ms[reps / 2], ms[reps - 1]};
+    stats s = {ms[0], reps % 2 ? ms[reps / 2] : 0.5f * (ms[reps / 2 - 1] + ms[reps / 2]), ms[reps - 1]};
     return s;
 }
 
@@ -314,8 +314,7 @@ int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int
         fprintf(stderr, "bench: the cuda backend cannot run here: %s\n", be ? why : "not built");
         return 2;
     }
-    if (repeats < 5) repeats = quick ? 3 : 5;
-    if (!quick && repeats < 20) repeats = 20;
+    if (repeats < 1) repeats = quick ? 3 : 20; /* (0: not given; a given count is taken as it is) */
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t stream;
@@ -346,12 +345,13 @@ int pa_tool_bench_cuda(int quick, int repeats, int json, const char *filter, int
                sk ? ", PAGEDATTN_CUDA_SPLIT_KEYS=" : "", sk ? sk : "");
         printf("copy bandwidth (device to device, %zu MiB, read + write): %.1f GB/s "
                "(min/median/max %.3f/%.3f/%.3f ms)\n\n", cb >> 20, copy_bw / 1e9, copy.min, copy.med, copy.max);
-        printf("decode: KV bytes read / median time, frac = that over the copy bandwidth (target >= 80%% "
-               "for bf16)\n");
+        printf("%d timed repeats per row (CUDA events), after a warm-up; decode: KV bytes read / median time, "
+               "frac = that over the copy bandwidth (target >= 80%% for bf16)\n", repeats);
         printf("%-38s %9s %9s %9s %9s %9s %7s %5s\n", "case", "min ms", "med ms", "max ms", "GB/s",
                "TFLOP/s", "frac", "graph");
     } else {
-        printf("{\"device\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", prop.name, copy_bw / 1e9);
+        printf("{\"device\": \"%s\", \"copy_gbps\": %.1f, \"repeats\": %d, \"results\": [", prop.name,
+               copy_bw / 1e9, repeats);
     }
     const int B = quick ? 8 : 64, C = quick ? 1023 : 4095, S = quick ? 512 : 4096;
     /* the target's batch in three KV dtypes, then bf16 decodes that fill the GPU less: a lone

@@ -19,12 +19,21 @@ blocks = sys.argv[5] if len(sys.argv) > 5 else "shuffled"
 assert doc["block_tables"] == blocks, doc["block_tables"]
 assert doc["block_size"] == (int(sys.argv[6]) if len(sys.argv) > 6 else 16), doc["block_size"]
 assert doc["optimized_build"] is optimized, doc["optimized_build"]
-assert doc["online_cores"] >= 1
+assert doc["online_cores"] >= 1 and 1 <= doc["all_threads"] <= doc["online_cores"], doc
+# the read probe walks at least max(512 MiB, 2 x the LLC) under --quick (every test here runs it)
+assert doc["read_buffer_mib"] >= 512 and doc["read_buffer_mib"] * 1048576 >= 2 * doc["llc_bytes"], doc
 (lim,) = doc["limits"]
 assert lim["threads"] == 1 and lim["read_gbs"] > 0 and lim["fma_gflops"] > 0, lim
 (res,) = doc["results"]
 assert res["case"] == case and res["backend"] == "cpu" and res["threads"] == 1, res
 assert 0 < res["min_ms"] <= res["median_ms"] <= res["max_ms"], res
+assert res["repeats"] >= 1, res
+# one timed pass walks as much KV as the read probe (it used to stop at 256 MiB, 16 layers: a
+# short decode then came from the LLC and read "faster than memory"), but a hot one: one layer
+if blocks == "hot":
+    assert res["layers"] == 1, res
+else:
+    assert res["pass_mib"] >= 0.99 * doc["read_buffer_mib"], res
 # steal time (Linux /proc/stat): what the hypervisor took during the case, or null elsewhere
 assert res["steal_ms"] is None or (math.isfinite(res["steal_ms"]) and res["steal_ms"] >= 0), res
 if sys.platform.startswith("linux"):
