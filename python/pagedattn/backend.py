@@ -1128,8 +1128,10 @@ class PagedAttnBackend:
         if sv.shape[2:] != dv.shape[2:] or sv.kind != dv.kind:
             raise ValueError("src_kv_cache %s and dst_kv_cache %s must have the same block shape "
                              "and dtype" % (sv.shape, dv.shape))
-        sc = ops._pool_cache(*_kv_halves(sv), "src_kv_cache[0]", "src_kv_cache[1]")
-        dc = ops._pool_cache(*_kv_halves(dv), "dst_kv_cache[0]", "dst_kv_cache[1]")
+        sh, dh = _kv_halves(sv), _kv_halves(dv)
+        ops._same_block_order(sh[0], dh[0], "src_kv_cache", "dst_kv_cache")
+        sc = ops._pool_cache(*sh, "src_kv_cache[0]", "src_kv_cache[1]")
+        dc = ops._pool_cache(*dh, "dst_kv_cache[0]", "dst_kv_cache[1]")
         ops._swap(sc, dc, ops._pairs(src_to_dst, "src_to_dst"), self._name)
 
     def copy_blocks(self, kv_caches, src_to_dists):

@@ -815,12 +815,30 @@ def _pool_cache(kv, vv, kname, vname):
 
 
 def _single_pool_cache(pv, name):
-    """pa_cache over one pool: key = first half of each block, value = second half."""
+    """pa_cache over one pool: key = first half of each block, value = second half (of its
+    elements, or of its bytes where the count of 2- or 4-byte elements is odd); None where a
+    block holds an odd number of bytes."""
     nb, st, e = _block_geometry(pv, name)
     dt = _pool_dtype(pv, name)
     if e % 2 == 0:
         return _opaque_cache(pv.ptr, pv.ptr + (e // 2) * pv.itemsize, dt, nb, st, e // 2)
+    if e * pv.itemsize % 2 == 0:  # (the copy moves bytes: a 1-byte dtype over half the bytes)
+        hb = e * pv.itemsize // 2
+        return _opaque_cache(pv.ptr, pv.ptr + hb, _ITEM_DTYPE[1], nb, st * pv.itemsize, hb)
     return None
+
+
+def _same_block_order(a, b, aname, bname):
+    """Refuses pools whose blocks hold the same logical shape in different element orders (an HND
+    block viewed as NHD beside a plain NHD one): blocks are copied as bytes, which would move
+    every element to another place (found by an audit, bench/NOTES.md fortieth pass)."""
+    da = [(n, st) for n, st in zip(a.shape[1:], a.strides[1:]) if n != 1]
+    db = [(n, st) for n, st in zip(b.shape[1:], b.strides[1:]) if n != 1]
+    if da != db:
+        raise ValueError("%s (shape %s, element strides %s) and %s (shape %s, element strides %s) "
+                         "lay out their blocks in different orders; blocks are copied as bytes, so "
+                         "both pools need the same layout (e.g. both from the same allocation call)"
+                         % (aname, a.shape, a.strides, bname, b.shape, b.strides))
 
 
 def _pairs(block_mapping, name="block_mapping"):
@@ -871,8 +889,9 @@ def swap_blocks(src, dst, block_mapping, backend=None):
     (``dst[mapping[i, 1]] = src[mapping[i, 0]]``); call it once for keys and once for values.
 
     Args:
-        src, dst: pools ``[num_blocks, ...]`` with the same block shape and dtype (their block
-            counts may differ) and contiguous blocks.
+        src, dst: pools ``[num_blocks, ...]`` with the same block shape, dtype and element
+            order (their block counts may differ) and contiguous blocks; blocks of an odd number
+            of bytes (1-byte elements, an odd count) are refused.
         block_mapping: int64 ``[num_pairs, 2]`` of (src block, dst block); destinations distinct.
         backend: optional backend name whose context runs the copy.
     """
@@ -880,11 +899,12 @@ def swap_blocks(src, dst, block_mapping, backend=None):
     if sv.shape[1:] != dv.shape[1:] or sv.itemsize != dv.itemsize or sv.kind != dv.kind:
         raise ValueError("src (shape %s, %s) and dst (shape %s, %s) must have the same block shape "
                          "and dtype" % (sv.shape, sv.dtype_name(), dv.shape, dv.dtype_name()))
+    _same_block_order(sv, dv, "src", "dst")
     pairs = _pairs(block_mapping)
     sc = _single_pool_cache(sv, "src")
     dc = _single_pool_cache(dv, "dst")
     if sc is None or dc is None:
-        raise ValueError("swap_blocks: blocks with an odd number of elements are not supported")
+        raise ValueError("swap_blocks: blocks of an odd number of bytes are not supported")
     _swap(sc, dc, pairs, backend)
 
 

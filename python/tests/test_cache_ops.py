@@ -157,3 +157,48 @@ def test_backend_swap_and_copy_blocks(backend, rng):
     be.copy_blocks(caches, np.array([[0, 3]]))
     for c, e in zip(caches, expect):
         np.testing.assert_array_equal(c, e)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_swap_blocks_odd_element_count(rng, dtype):
+    """A block of an odd number of 2- or 4-byte elements (block 1, one KV head, head size 3) is a
+    valid pool: it is swapped as two halves of its bytes (it was refused)."""
+    src = randn(rng, (8, 1, 1, 3), DTYPES[dtype])
+    dst = np.zeros((5, 1, 1, 3), DTYPES[dtype])
+    mapping = np.array([[7, 0], [2, 4]], np.int64)
+    expect = dst.copy()
+    for s, d in mapping:
+        expect[d] = src[s]
+    pa.swap_blocks(src, dst, mapping)
+    np.testing.assert_array_equal(dst.view(np.uint8), expect.view(np.uint8))
+    # an odd number of bytes has no halves: refused, nothing written
+    b8 = np.zeros((4, 1, 1, 3), np.uint8)
+    with pytest.raises(ValueError, match="odd number of bytes"):
+        pa.swap_blocks(np.ones((4, 1, 1, 3), np.uint8), b8, np.array([[0, 1]]))
+    assert not b8.any()
+
+
+def test_swap_blocks_refuses_different_element_orders(backend, rng):
+    """Two pools of the same logical shape whose blocks order their elements differently (the
+    backend's HND-in-memory cache beside a plain NHD array): a byte copy would scramble every
+    block (an audit found it returned OK): refused, dst untouched. Same orders still swap."""
+    be = pa.get_attn_backend(backend)
+    nb, bs, H, D = 4, 4, 2, 8
+    src = be.new_kv_cache(nb, bs, H, D)
+    src[...] = randn(rng, src.shape, src.dtype)
+    dst = np.zeros(be.get_kv_cache_shape(nb, bs, H, D), src.dtype)
+    same_order = dst.strides[2:] == src.strides[2:]
+    if not same_order:
+        with pytest.raises(ValueError, match="different orders"):
+            be.swap_blocks(src, dst, np.array([[1, 2]]))
+        with pytest.raises(ValueError, match="different orders"):
+            pa.swap_blocks(src[0], dst[0], np.array([[1, 2]]))
+        assert not dst.any()
+    # an HND view on both sides (a transposed copy of the same kind of array): swapped exactly
+    hnd = np.zeros((2, nb, H, bs, D), src.dtype).transpose(0, 1, 3, 2, 4)
+    src2 = np.ascontiguousarray(src.transpose(0, 1, 3, 2, 4)).transpose(0, 1, 3, 2, 4)
+    be.swap_blocks(src2, hnd, np.array([[1, 2], [3, 0]]))
+    np.testing.assert_array_equal(hnd[:, 2], src2[:, 1])
+    np.testing.assert_array_equal(hnd[:, 0], src2[:, 3])
+    pa.swap_blocks(src2[0], hnd[0], np.array([[0, 1]]))
+    np.testing.assert_array_equal(hnd[0, 1], src2[0, 0])
