@@ -308,7 +308,13 @@ PA_API int64_t pa_cache_pool_elems(const pa_cache *cache);
 /* Checks a cache view as every call that takes one does, touching no memory: pools not NULL, a
  * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span fits (OVERFLOW otherwise), and
  * distinct (block, token, head, dim) at distinct elements (INVALID_ARGUMENT otherwise). A
- * dimension of extent 1 may have any stride >= 0. */
+ * dimension of extent 1 may have any stride >= 0. The two pools may share memory (value = key
+ * reads V = K); every call that writes a cache (pa_cache_write, the destinations of
+ * pa_cache_copy_blocks and pa_cache_swap_blocks, a forward given new k/v) also requires that no
+ * element of the value pool lies on one of the key pool (INVALID_ARGUMENT), but for one pool as
+ * both (value == key) written with the same values in K and V (equal new rows and scales, a
+ * copy within it, a swap from another such cache). Interleaved pools, as FlashInfer's
+ * [num_blocks, 2, ...], share no element and pass. */
 PA_API pa_status pa_cache_validate(const pa_cache *cache);
 /* Allocates both pools in host memory for the geometry in *cache, filled with zero bytes: 64-byte
  * aligned, and pools of 4 MiB or more 2 MiB aligned and advised for transparent huge pages. Free

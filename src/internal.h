@@ -50,6 +50,9 @@ bool pa__mul_i64(int64_t a, int64_t b, int64_t *out);
 bool pa__add_i64(int64_t a, int64_t b, int64_t *out);
 /* Whether the byte ranges [a, a + an) and [b, b + bn) share a byte (empty ranges share none). */
 bool pa__ranges_overlap(const void *a, size_t an, const void *b, size_t bn);
+/* Whether `rows` rows of `row` elements of es bytes, as..bs elements apart (resolved strides),
+ * hold the same bytes at a and at b */
+bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es);
 /* For pairs (src, dst) at v[2i], v[2i + 1], i < n, with distinct destinations: whether some
  * destination is also a source; *dst_pair and *src_pair the first such source's pair index (in
  * order) and the index of the pair that has it as destination. OUT_OF_MEMORY only on allocation
@@ -189,6 +192,9 @@ static inline int64_t pa__cache_key_offset(const pa_cache *c, const int32_t *tab
 /* Checks a cache view (geometry, strides, no self-overlap, non-NULL pools); `what` names the
  * argument in the reason text. */
 pa_status pa__cache_validate(const pa_cache *c, const char *what);
+/* pa__cache_validate, and the key and value pools share no element (caches about to be written),
+ * but for one pool as both where same_data (the write puts the same values in K and V) */
+pa_status pa__cache_validate_write(const pa_cache *c, const char *what, bool same_data);
 /* Host implementations of the cache ops on validated arguments (used by the reference and cpu
  * backends and by ctx == NULL). */
 void pa__cache_write_host(const pa_cache *c, pa_dtype src_dtype, const void *key,

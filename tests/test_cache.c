@@ -338,6 +338,80 @@ static void test_write_interleaved(void)
     CHECK(kr[0] == 3 && kr[1] == 4 && vr[0] == 7 && vr[1] == 8);
 }
 
+/* Pools that share elements: refused by every call that writes (the write's keys went into the
+ * values and it returned OK until an audit: bench/NOTES.md, fortieth pass), allowed to reads;
+ * pools that interleave without sharing an element (here V in each token's padding) pass. */
+static void test_overlapping_pools(void)
+{
+    float buf[64], before[64];
+    for (int i = 0; i < 64; i++) buf[i] = (float)(i + 100);
+    memcpy(before, buf, sizeof buf);
+    pa_cache c;
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, 4, 2, 1, 2)); /* 4 blocks x 2 tokens x 2 */
+    c.key = c.value = buf;
+    CHECK_OK(pa_cache_validate(&c)); /* (a view: V = K is a valid thing to read) */
+    const float k[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    const int64_t slots[2] = {1, 6};
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "key and value pools overlap (value - key = 0 bytes)");
+    const int64_t pairs[2] = {0, 3};
+    float other[64] = {0};
+    pa_cache d = c;
+    d.key = other, d.value = other + 32;
+    CHECK_FAILS_WITH(pa_cache_swap_blocks(NULL, &d, &c, pairs, 1), PA_STATUS_INVALID_ARGUMENT,
+                     "pa_cache_swap_blocks (dst): the cache's key and value pools overlap");
+    CHECK(memcmp(buf, before, sizeof buf) == 0);
+    /* a read of such a cache: fine (swap from it, read a token) */
+    CHECK_OK(pa_cache_swap_blocks(NULL, &c, &d, pairs, 1));
+    CHECK(memcmp(other + 12, buf, 4 * sizeof(float)) == 0 && memcmp(other + 32 + 12, buf, 4 * sizeof(float)) == 0);
+    float kr[2], vr[2];
+    CHECK_OK(pa_cache_read_token(&c, 1, 1.0f, 1.0f, kr, vr));
+    CHECK(kr[0] == 102 && vr[0] == 102);
+    /* ... and writes that put the same data in both (V = K kept): the same rows for key and
+     * value, a copy of blocks within the one pool */
+    CHECK_OK(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, k, 0, slots, 2, 1.0f, 1.0f));
+    CHECK(buf[2] == 1 && buf[3] == 2 && buf[12] == 3 && buf[13] == 4);
+    const float k2[4] = {1, 2, 3, 4}; /* (equal bytes in another buffer: the same data) */
+    CHECK_OK(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, k2, 0, slots, 2, 1.0f, 1.0f));
+    CHECK_OK(pa_cache_copy_blocks(NULL, &c, 1, pairs, 1));
+    CHECK(memcmp(buf + 12, buf, 4 * sizeof(float)) == 0);
+    memcpy(buf, before, sizeof buf);
+    /* V one element on from K, and V two bytes on (elements overlapping in part): refused */
+    c.value = buf + 1;
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "value - key = 4 bytes");
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, k, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "value - key = 4 bytes"); /* (not one pool: no V = K) */
+    CHECK_FAILS_WITH(pa_cache_copy_blocks(NULL, &c, 1, pairs, 1), PA_STATUS_INVALID_ARGUMENT, "pools overlap");
+    c.key = buf + 1, c.value = buf;
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "value - key = -4 bytes");
+    c.key = buf, c.value = (char *)buf + 2;
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "value - key = 2 bytes");
+    /* the last element of K's span on V's first: refused; V just past K's span: fine */
+    c.value = buf + 15;
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "pools overlap");
+    CHECK(memcmp(buf, before, sizeof buf) == 0);
+    c.value = buf + 16;
+    CHECK_OK(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f));
+    /* each token padded to 4 elements, V in the padding (value = key + 2): no element shared */
+    memcpy(buf, before, sizeof buf);
+    c.token_stride = 4, c.block_stride = 8, c.key = buf, c.value = buf + 2;
+    CHECK_OK(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f));
+    /* slot 1: block 0 token 1 at 4..7 (K 4, 5; V 6, 7); slot 6: block 3 token 0 at 24..27 */
+    for (int i = 0; i < 64; i++) {
+        float want = i == 4 ? 1 : i == 5 ? 2 : i == 6 ? 5 : i == 7 ? 6 : i == 24 ? 3 : i == 25 ? 4 : i == 26 ? 7
+                     : i == 27 ? 8 : before[i];
+        CHECK(buf[i] == want);
+    }
+    /* ... but V on the next token's K (value = key + 4): refused */
+    c.value = buf + 4;
+    CHECK_FAILS_WITH(pa_cache_write(NULL, &c, PA_DTYPE_F32, k, 0, v, 0, slots, 2, 1.0f, 1.0f),
+                     PA_STATUS_INVALID_ARGUMENT, "value - key = 16 bytes");
+}
+
 /* block_size 1: slot == block id. 4 blocks x 1 token x 3 heads x 1 dim, NHD. */
 static void test_write_block_size_1(void)
 {
@@ -655,6 +729,7 @@ int main(void)
     test_write_fused_qkv();
     test_write_interleaved();
     test_write_block_size_1();
+    test_overlapping_pools();
     test_alloc();
     test_alloc_large();
     test_copy_blocks();

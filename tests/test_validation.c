@@ -766,6 +766,17 @@ static void test_forward(void)
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "negative or overflow");
     c = f->cache, c.key = NULL;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_NULL_POINTER, "forward (cache): cache key/value pool pointer is NULL");
+    /* one pool as both: a forward that writes other new values than keys into it is refused (the
+     * values would land on the keys); one that only reads it, or writes k as v too, keeps V = K */
+    c = f->cache, c.value = c.key;
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT,
+           "forward (cache): the cache's key and value pools overlap");
+    a.k = a.v = NULL;
+    CHECK_OK(pa_attn_forward(ctx, L, B, NULL, &a));
+    a = f->args, a.cache = &c, a.v = a.k, a.v_row_stride = a.k_row_stride;
+    CHECK_OK(pa_attn_forward(ctx, L, B, NULL, &a));
+    fx_fill(f); /* (that wrote the keys into the pools) */
+    a = f->args, a.cache = &c;
 
     /* strides */
     a = f->args, a.q_row_stride = QROW - 1;

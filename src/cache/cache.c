@@ -106,6 +106,63 @@ pa_status pa__cache_validate(const pa_cache *c, const char *what)
 
 pa_status pa_cache_validate(const pa_cache *c) { return pa__cache_validate(c, "pa_cache_validate"); }
 
+/* Whether r = sum over the dims i < n of x_i st[i] for some |x_i| < ex[i], the dims sorted by
+ * stride and nested (strides_injective): the offset between two elements of the pool. Each
+ * level leaves at most two candidates (the dims inside span less than its stride), so at most 16
+ * paths. */
+static bool offset_difference(int64_t r, const int64_t *st, const int64_t *ex, const int64_t *inner, int n)
+{
+    if (n == 0) return r == 0;
+    const int i = n - 1;
+    if (ex[i] == 1) return offset_difference(r, st, ex, inner, i);
+    /* x with |r - x st| <= inner[i] - 1: x within [(r - inner + 1) / st, (r + inner - 1) / st] */
+    const int64_t lo = r - (inner[i] - 1), hi = r + (inner[i] - 1);
+    int64_t x0 = lo / st[i] - 1, x1 = hi / st[i] + 1; /* (a step wider each way: C's division truncates) */
+    for (int64_t x = x0; x <= x1; x++) {
+        if (x <= -ex[i] || x >= ex[i]) continue;
+        int64_t rest = r - x * st[i]; /* (|r| and |x st| are within the pool's span: no overflow) */
+        if (rest < -(inner[i] - 1) || rest > inner[i] - 1) continue;
+        if (offset_difference(rest, st, ex, inner, i)) return true;
+    }
+    return false;
+}
+
+/* A cache about to be written: pa__cache_validate, and no element of the value pool on one of the
+ * key pool (a cache with value == key took a write's keys as values and returned OK until an
+ * audit: bench/NOTES.md, fortieth pass). Pools may interleave (FlashInfer's [num_blocks, 2,
+ * ...] is key and value one block-half apart, the block stride twice a half): the test is by
+ * element, not by span. Reading a cache whose pools coincide stays allowed (V = K), and so does
+ * writing one where the caller writes the same data to both (same_data: V = K kept). */
+pa_status pa__cache_validate_write(const pa_cache *c, const char *what, bool same_data)
+{
+    pa_status s = pa__cache_validate(c, what);
+    if (s) return s;
+    if (c->key == c->value && same_data) return PA_STATUS_OK; /* (one pool, V = K, written alike) */
+    const int64_t es = (int64_t)pa_dtype_size(c->dtype), n = span(c);
+    const uintptr_t k = (uintptr_t)c->key, v = (uintptr_t)c->value;
+    const uint64_t gap = k > v ? (uint64_t)(k - v) : (uint64_t)(v - k);
+    if (gap >= (uint64_t)n * (uint64_t)es) return PA_STATUS_OK; /* (the spans apart: most caches) */
+    bool clash = gap % (uint64_t)es != 0; /* (elements that overlap in part: refused) */
+    if (!clash) {
+        int64_t st[4] = {1, c->head_stride, c->token_stride, c->block_stride};
+        int64_t ex[4] = {c->head_size, c->num_kv_heads, c->block_size, c->num_blocks};
+        for (int i = 1; i < 4; i++) /* by stride, as strides_injective */
+            for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
+                int64_t t = st[j]; st[j] = st[j - 1]; st[j - 1] = t;
+                t = ex[j]; ex[j] = ex[j - 1]; ex[j - 1] = t;
+            }
+        int64_t inner[4]; /* inner[i]: span of the dims below i (their largest offset + 1) */
+        inner[0] = 1;
+        for (int i = 1; i < 4; i++) inner[i] = inner[i - 1] + (ex[i - 1] - 1) * st[i - 1];
+        clash = offset_difference((int64_t)(gap / (uint64_t)es), st, ex, inner, 4);
+    }
+    if (clash)
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "%s: the cache's key and value pools overlap (value - key = %s%llu bytes): a write to "
+                        "one would change the other", what, k > v ? "-" : "", (unsigned long long)gap);
+    return PA_STATUS_OK;
+}
+
 pa_status pa_cache_alloc(pa_cache *c)
 {
     if (!c) return pa__fail(PA_STATUS_NULL_POINTER, "pa_cache_alloc: cache is NULL");

@@ -204,6 +204,12 @@ static pa_status lse_strides(const char *who, int64_t rows, int64_t cols, int64_
     return PA_STATUS_OK;
 }
 
+/* The rows of new K/V a forward takes: cross-attention's are the encoder's tokens */
+static int64_t nkt_of(const struct pa_batch *b, pa_attn_type t)
+{
+    return t == PA_ATTN_ENCODER_DECODER ? b->md.num_encoder_tokens : b->md.num_tokens;
+}
+
 static pa_status check_cache_for(const struct pa_context *ctx, const struct pa_layer *L,
                                  const struct pa_batch *b, const pa_cache *c, bool cross)
 {
@@ -293,9 +299,18 @@ static pa_status check_forward(const struct pa_context *ctx, const struct pa_lay
     if ((s = row_stride(&r->q_row_stride, qrow, nt, "q")) || (s = row_stride(&r->out_row_stride, qrow, nt, "out")))
         return s;
     /* (cross-attention's new K/V rows are the encoder's tokens) */
-    const int64_t nkt = c->attn_type == PA_ATTN_ENCODER_DECODER ? b->md.num_encoder_tokens : nt;
+    const int64_t nkt = nkt_of(b, c->attn_type);
     if (a->k &&
         ((s = row_stride(&r->k_row_stride, kvrow, nkt, "k")) || (s = row_stride(&r->v_row_stride, kvrow, nkt, "v"))))
+        return s;
+    /* new K/V go into the cache: its pools share no element, but for one pool as both where K and
+     * V get the same values (V = K kept) */
+    if (cached && a->k && nkt > 0 &&
+        (s = pa__cache_validate_write(a->cache, c->attn_type == PA_ATTN_ENCODER_DECODER ? "forward (cross cache)"
+                                                                                         : "forward (cache)",
+                                      a->cache->key == a->cache->value && c->k_scale == c->v_scale &&
+                                          pa__rows_equal(a->k, r->k_row_stride, a->v, r->v_row_stride, nkt, kvrow,
+                                                         pa_dtype_size(c->kv_dtype)))))
         return s;
     int64_t lse_bytes;
     if (a->lse &&
@@ -363,6 +378,12 @@ pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype,
         if (slots[i] >= pool)
             return pa__fail(PA_STATUS_OUT_OF_RANGE, "pa_cache_write: slot_mapping[%lld] = %lld is not < %lld",
                             (long long)i, (long long)slots[i], (long long)pool);
+    /* one pool as key and value: only where K and V get the same values (V = K kept) */
+    if (n > 0 && (s = pa__cache_validate_write(c, "pa_cache_write",
+                                               c->key == c->value && k_scale == v_scale &&
+                                                   pa__rows_equal(key, k_row_stride, value, v_row_stride, n, row,
+                                                                  pa_dtype_size(src_dtype)))))
+        return s;
     bool dup;
     int64_t v;
     if ((s = pa__find_duplicate(slots, n, 1, true, &dup, &v))) return s;
@@ -410,7 +431,8 @@ pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, int32_t 
         return pa__fail(PA_STATUS_NULL_POINTER, "%s: caches and pairs must not be NULL", what);
     pa_status s;
     for (int32_t l = 0; l < num_layers; l++) {
-        if ((s = pa__cache_validate(&caches[l], what)) || (s = check_memory(ctx, &caches[l], what)) ||
+        if ((s = num_pairs > 0 ? pa__cache_validate_write(&caches[l], what, true) : pa__cache_validate(&caches[l], what)) ||
+            (s = check_memory(ctx, &caches[l], what)) ||
             (s = check_block_ids(pairs, num_pairs, 0, caches[l].num_blocks, what)) ||
             (s = check_block_ids(pairs, num_pairs, 1, caches[l].num_blocks, what)))
             return s;
@@ -436,7 +458,8 @@ pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_ca
     const char *what = "pa_cache_swap_blocks";
     pa_status s;
     if ((s = pa__cache_validate(src, "pa_cache_swap_blocks (src)")) ||
-        (s = pa__cache_validate(dst, "pa_cache_swap_blocks (dst)")))
+        (s = num_pairs > 0 ? pa__cache_validate_write(dst, "pa_cache_swap_blocks (dst)", src->key == src->value)
+                           : pa__cache_validate(dst, "pa_cache_swap_blocks (dst)")))
         return s;
     if (src->dtype != dst->dtype || src->block_size != dst->block_size ||
         src->num_kv_heads != dst->num_kv_heads || src->head_size != dst->head_size)

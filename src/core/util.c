@@ -7,6 +7,15 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es)
+{
+    if (a == b && as == bs) return true;
+    for (int64_t r = 0; r < rows; r++)
+        if (memcmp((const char *)a + (size_t)(r * as) * es, (const char *)b + (size_t)(r * bs) * es, (size_t)row * es))
+            return false;
+    return true;
+}
+
 bool pa__ranges_overlap(const void *a, size_t an, const void *b, size_t bn)
 {
     const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
