@@ -51,8 +51,9 @@ bool pa__add_i64(int64_t a, int64_t b, int64_t *out);
 /* Whether the byte ranges [a, a + an) and [b, b + bn) share a byte (empty ranges share none). */
 bool pa__ranges_overlap(const void *a, size_t an, const void *b, size_t bn);
 /* Whether `rows` rows of `row` elements of es bytes, as..bs elements apart (resolved strides),
- * hold the same bytes at a and at b */
-bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es);
+ * hold the same bytes at a and at b: compared where host, else only whether they are the same rows */
+bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es,
+                    bool host);
 /* For pairs (src, dst) at v[2i], v[2i + 1], i < n, with distinct destinations: whether some
  * destination is also a source; *dst_pair and *src_pair the first such source's pair index (in
  * order) and the index of the pair that has it as destination. OUT_OF_MEMORY only on allocation

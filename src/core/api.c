@@ -310,7 +310,8 @@ static pa_status check_forward(const struct pa_context *ctx, const struct pa_lay
                                                                                          : "forward (cache)",
                                       a->cache->key == a->cache->value && c->k_scale == c->v_scale &&
                                           pa__rows_equal(a->k, r->k_row_stride, a->v, r->v_row_stride, nkt, kvrow,
-                                                         pa_dtype_size(c->kv_dtype)))))
+                                                         pa_dtype_size(c->kv_dtype),
+                                                         ctx->backend->memory == PA_MEMORY_HOST))))
         return s;
     int64_t lse_bytes;
     if (a->lse &&
@@ -382,7 +383,8 @@ pa_status pa_cache_write(pa_context *ctx, const pa_cache *c, pa_dtype src_dtype,
     if (n > 0 && (s = pa__cache_validate_write(c, "pa_cache_write",
                                                c->key == c->value && k_scale == v_scale &&
                                                    pa__rows_equal(key, k_row_stride, value, v_row_stride, n, row,
-                                                                  pa_dtype_size(src_dtype)))))
+                                                                  pa_dtype_size(src_dtype),
+                                                                  c->memory == PA_MEMORY_HOST))))
         return s;
     bool dup;
     int64_t v;

@@ -7,9 +7,11 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es)
+bool pa__rows_equal(const void *a, int64_t as, const void *b, int64_t bs, int64_t rows, int64_t row, size_t es,
+                    bool host)
 {
     if (a == b && as == bs) return true;
+    if (!host) return false; /* (device memory: not read here) */
     for (int64_t r = 0; r < rows; r++)
         if (memcmp((const char *)a + (size_t)(r * as) * es, (const char *)b + (size_t)(r * bs) * es, (size_t)row * es))
             return false;
