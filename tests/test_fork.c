@@ -67,6 +67,19 @@ static int child(pa_context *inherited, const float *want, float *out)
         fails += step(inherited, out) || !same(out, want);
         pa_context_destroy(fresh);
     }
+    /* the inherited context says what it runs on here (the calling thread: it said 2), and
+     * asking it for its old count makes workers of this process (a no-op until an audit) */
+    fails += pa_context_num_threads(inherited) != 1;
+    fails += pa_context_set_num_threads(inherited, 2) != PA_STATUS_OK;
+    fails += pa_context_num_threads(inherited) != 2;
+    fails += step(inherited, out) || !same(out, want);
+    int nthr = 0; /* (Linux: the child's own threads, from /proc/self/status) */
+    FILE *st = fopen("/proc/self/status", "r");
+    char line[256];
+    while (st && fgets(line, sizeof line, st))
+        if (sscanf(line, "Threads: %d", &nthr) == 1) break;
+    if (st) fclose(st);
+    fails += st && nthr != 2;
     pa_context_destroy(inherited);
     return fails;
 }

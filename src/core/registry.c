@@ -34,7 +34,16 @@ pa_cache_layout pa_backend_preferred_layout(const pa_backend *b)
     return b ? b->preferred_layout : PA_LAYOUT_NHD;
 }
 pa_memory pa_backend_memory(const pa_backend *b) { return b ? b->memory : PA_MEMORY_HOST; }
-const char *pa_backend_info(const pa_backend *b) { return b && b->info ? b->info() : ""; }
+/* (a backend's info may fail inner checks on the way, e.g. a bad PAGEDATTN_CPU_ISA it reports:
+ * the caller's last error stays as it was, as after every call that succeeds) */
+const char *pa_backend_info(const pa_backend *b)
+{
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", pa_last_error());
+    const char *r = b && b->info ? b->info() : "";
+    pa__fail(PA_STATUS_OK, "%s", saved);
+    return r;
+}
 
 int pa_backend_available(const pa_backend *b, char *reason, size_t size)
 {
@@ -94,12 +103,14 @@ pa_status pa_backend_select(const char *name, const pa_layer *layer, const pa_ba
     if (name && *name) return select_named(name, "the name argument", layer, out);
     const char *env = getenv("PAGEDATTN_BACKEND");
     if (env && *env) return select_named(env, "PAGEDATTN_BACKEND", layer, out);
+    char saved[512]; /* (the reasons of the backends passed over are not the caller's) */
+    snprintf(saved, sizeof saved, "%s", pa_last_error());
     for (int i = 0; i < REGISTRY_SIZE; i++) {
         const struct pa_backend *b = registry[i];
         if (!pa_backend_available(b, NULL, 0)) continue;
         if (layer && b->supports && b->supports(layer)) continue;
         *out = b;
-        pa__clear_error();
+        pa__fail(PA_STATUS_OK, "%s", saved);
         return PA_STATUS_OK;
     }
     return pa__fail(PA_STATUS_UNSUPPORTED, "no available backend supports this layer");

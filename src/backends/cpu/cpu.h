@@ -473,6 +473,9 @@ typedef void (*pa__cpu_task_fn)(void *arg, int64_t index, int thread);
 typedef struct pa__cpu_pool pa__cpu_pool;
 pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out);
 void pa__cpu_pool_destroy(pa__cpu_pool *pool);
+/* Whether the pool's workers live in this process (not in a forked child's: there it runs every
+ * task on the calling thread) */
+bool pa__cpu_pool_here(const pa__cpu_pool *pool);
 void pa__cpu_pool_run(pa__cpu_pool *pool, int64_t n, pa__cpu_task_fn fn, void *arg);
 /* The default thread count: online cores, within the affinity mask and the cgroup CPU quota. */
 int pa__cpu_online_cores(void);

@@ -280,7 +280,9 @@ static pa_status cpu_set_num_threads(void *impl, int32_t n)
 {
     pa__cpu_ctx *c = impl;
     n = resolve_threads(n);
-    if (n == c->nthreads && c->pool) return PA_STATUS_OK;
+    /* (the same count: nothing to do, but in a forked child, whose pool has no workers: made
+     * anew, as a different count would be; an audit found it stayed at one thread) */
+    if (n == c->nthreads && c->pool && pa__cpu_pool_here(c->pool)) return PA_STATUS_OK;
     pa__cpu_pool *pool;
     pa__cpu_scratch *s;
     pa_status st = alloc_scratch(n, c->dp_cap, &s);
@@ -298,9 +300,11 @@ static pa_status cpu_set_num_threads(void *impl, int32_t n)
     return PA_STATUS_OK;
 }
 
+/* (in a forked child a pool made before the fork runs on the calling thread alone: 1) */
 static int32_t cpu_num_threads(const void *impl)
 {
-    return ((const pa__cpu_ctx *)impl)->nthreads;
+    const pa__cpu_ctx *c = impl;
+    return c->pool && !pa__cpu_pool_here(c->pool) ? 1 : c->nthreads;
 }
 
 static void cpu_context_destroy(void *impl)

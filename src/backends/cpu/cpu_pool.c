@@ -241,6 +241,8 @@ pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out)
     return PA_STATUS_OK;
 }
 
+bool pa__cpu_pool_here(const pa__cpu_pool *p) { return p && getpid() == p->pid; }
+
 void pa__cpu_pool_destroy(pa__cpu_pool *p)
 {
     if (!p) return;
