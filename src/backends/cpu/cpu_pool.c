@@ -22,7 +22,12 @@ struct pa__cpu_pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint_fast64_t gen; /* bumped for every job (and for shutdown) */
+    /* bumped for every job (and for shutdown): GEN_ONE per job, the low bits the number of
+     * workers the job takes (ids 1..that; the others stay asleep: a job of 3 tasks on 1024
+     * threads woke all of them and waited for every one, 1.9 s per forward on one core until an
+     * audit: bench/NOTES.md, fortieth pass) */
+    atomic_uint_fast64_t gen;
+    int spin; /* pause loops before a worker sleeps: 0 where the pool has more threads than CPUs */
     atomic_int stop;
     /* the current job */
     pa__cpu_task_fn fn;
@@ -37,6 +42,9 @@ typedef struct {
     pa__cpu_pool *pool;
     int id;
 } worker_arg;
+
+enum { GEN_BITS = 16 };
+#define GEN_ONE ((uint_fast64_t)1 << GEN_BITS)
 
 static void run_tasks(pa__cpu_pool *p, int thread)
 {
@@ -57,11 +65,12 @@ static void *worker_main(void *varg)
     pa__fpenv creator;
     pa__fpenv_enter(&creator);
     uint64_t seen = 0;
+    bool idle = false; /* (not in the last job: straight to sleep, no spinning) */
     for (;;) {
         uint64_t g;
-        int spins = 0;
+        int spins = idle ? p->spin : 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < 20000) {
+            if (++spins < p->spin) {
 #if defined(__x86_64__) || defined(__i386__)
                 __asm__ __volatile__("pause");
 #endif
@@ -74,6 +83,10 @@ static void *worker_main(void *varg)
         }
         seen = g;
         if (atomic_load(&p->stop)) return NULL;
+        /* (the job's fields were written before its gen: read only by the workers it takes,
+         * which the caller waits for before it writes the next job's) */
+        idle = wa.id > (int)(g & (GEN_ONE - 1));
+        if (idle) continue;
         run_tasks(p, wa.id);
         atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
     }
@@ -213,6 +226,7 @@ pa_status pa__cpu_pool_create(int nthreads, pa__cpu_pool **out)
     if (!p) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: thread pool");
     p->nthreads = nthreads;
     p->pid = getpid();
+    p->spin = nthreads <= pa__cpu_online_cores() ? 20000 : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->gen, 0);
@@ -250,7 +264,7 @@ void pa__cpu_pool_destroy(pa__cpu_pool *p)
         if (p->nthreads > 1) {
             atomic_store(&p->stop, 1);
             pthread_mutex_lock(&p->mu);
-            atomic_fetch_add(&p->gen, 1);
+            atomic_fetch_add(&p->gen, GEN_ONE);
             pthread_cond_broadcast(&p->cv);
             pthread_mutex_unlock(&p->mu);
             for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
@@ -272,10 +286,12 @@ void pa__cpu_pool_run(pa__cpu_pool *p, int64_t n, pa__cpu_task_fn fn, void *arg)
     p->fn = fn;
     p->arg = arg;
     p->n = n;
+    const int take = n < p->nthreads ? (int)n - 1 : p->nthreads - 1; /* workers beside the caller */
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy, p->nthreads - 1, memory_order_relaxed);
+    atomic_store_explicit(&p->busy, take, memory_order_relaxed);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    const uint_fast64_t g = atomic_load_explicit(&p->gen, memory_order_relaxed);
+    atomic_store_explicit(&p->gen, ((g >> GEN_BITS) + 1) * GEN_ONE + (uint_fast64_t)take, memory_order_release);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, 0);
