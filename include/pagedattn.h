@@ -54,7 +54,11 @@
  * belongs to its context). Distinct handles may be used from distinct threads. The rule is
  * checked: a call that runs work on a context (forward, plan creation, set_num_threads,
  * synchronize, and cache operations a backend runs itself) while another call on it is running
- * fails with INVALID_ARGUMENT ("in use") and changes nothing; it does not wait.
+ * fails with INVALID_ARGUMENT ("in use") and changes nothing; it does not wait. Queries that only
+ * read a handle (pa_context_num_threads, pa_context_backend, pa_layer_get_config, ...) and the
+ * destroy functions are not checked: they must not overlap a call that changes the handle. A
+ * plan is written by the forward that runs it (its partial results), which the context's check
+ * keeps to one at a time; it may be destroyed before or after its context.
  */
 #ifndef PAGEDATTN_H
 #define PAGEDATTN_H
@@ -409,11 +413,13 @@ PA_API const pa_batch_metadata *pa_batch_get_metadata(const pa_batch *batch);
 
 /* FlashInfer's CSR page table to pa_seq block tables. For sequence i of num_seqs: pages
  * indices[indptr[i] .. indptr[i+1]), the last page holding last_page_len[i] tokens (1..
- * block_size, or 0 for a sequence with no pages), so kv_len = (pages - 1) * block_size +
- * last_page_len. Fills seqs[i].block_table (pointing into indices), num_blocks and, given
- * qo_indptr [num_seqs + 1] (query cumsum), query_len = qo_indptr[i+1] - qo_indptr[i] and
- * context_len = kv_len - query_len; is_prefill is set for query_len > 1. Errors for
- * non-monotonic indptr, last_page_len out of range, query_len > kv_len. */
+ * block_size), so kv_len = (pages - 1) * block_size + last_page_len. Fills seqs[i].block_table
+ * (pointing into indices), num_blocks and, given qo_indptr [num_seqs + 1] (query cumsum),
+ * query_len = qo_indptr[i+1] - qo_indptr[i] and context_len = kv_len - query_len (without it,
+ * query_len 1); is_prefill is set for query_len > 1. Errors for non-monotonic indptr,
+ * last_page_len out of range, query_len > kv_len (so a sequence with no pages, whose kv_len is
+ * 0, is an error: every sequence has at least its query's tokens). pa_batch_create then wants
+ * the prefills first (vLLM's order; FlashInfer has none): reorder the CSR rows if need be. */
 PA_API pa_status pa_seqs_from_csr(int32_t num_seqs, const int32_t *qo_indptr,
                                   const int32_t *kv_indptr, const int32_t *kv_indices,
                                   const int32_t *kv_last_page_len, int32_t block_size,
@@ -457,12 +463,19 @@ PA_API pa_status pa_backend_supports(const pa_backend *backend, const pa_layer *
 
 /* A context is an opened backend: its threads, device, stream, workspaces.
  * fork(): a cpu context made before a fork keeps working in the child, running its work on the
- * calling thread alone (its workers are threads of the parent, which a child does not have), and
- * may be destroyed there; a context created in the child has its own workers. The results are the
- * same bits either way. (CUDA does not survive a fork: create cuda contexts after it.) */
+ * calling thread alone (its workers are threads of the parent, which a child does not have;
+ * pa_context_num_threads says 1 there, and pa_context_set_num_threads gives it workers of the
+ * child), and may be destroyed there; a context created in the child has its own workers. The
+ * results are the same bits either way. A context that was inside a call on another thread at
+ * the moment of the fork stays "in use" in the child: destroy it there, or fork only between
+ * calls. (CUDA does not survive a fork: create cuda contexts after it.) */
 typedef struct pa_context pa_context;
 
 /* The most worker threads a context takes (more: INVALID_ARGUMENT; "online cores" is capped).
+ * The cpu backend keeps a scratch of its own per thread, allocated at context creation and
+ * grown with the largest head size planned: about 0.5 MB per thread at head size 128, 2 MB at
+ * 512. More threads than CPUs work (a job wakes only the threads it has tasks for, and they
+ * do not spin where they outnumber the CPUs) but gain nothing.
  * "Online cores" (the cpu backend's default) counts the CPUs this process may use: the online
  * ones, within its affinity mask (taskset, cpusets) and its cgroup's CPU quota rounded up (a
  * container's --cpus, a Kubernetes CPU limit; cgroup v1 and v2). */
@@ -602,7 +615,10 @@ typedef struct pa_allocator {
 } pa_allocator;
 
 /* Replaces the allocator (NULL restores the default, aligned malloc). Call before creating any
- * handle; objects must be freed by the allocator that made them. Not thread-safe. */
+ * handle; objects must be freed by the allocator that made them. Not thread-safe. The hooks are
+ * called from the library's own threads too (a cpu context's workers free their start-up data
+ * while the creating thread still allocates), and from every thread that calls the library: they
+ * must be thread-safe themselves. */
 PA_API void pa_set_allocator(const pa_allocator *allocator);
 
 #ifdef __cplusplus
