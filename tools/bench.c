@@ -9,10 +9,11 @@
  * cache where the CPU has bf16 dot products (on a Xeon with AVX512-BF16 they ran at half the FMA
  * rate, so the dot-product peak alone gave fractions above 1), else the FMA one. Useful
  * flops are 4 * head_size per (query head, visible key): causal halves are not counted. The read
- * probe's buffer and the KV that each case's timed pass walks (its layers' caches in turn) are
- * both at least max(1 GiB, 4 x the last-level cache), so that decodes measure memory, not the
- * LLC (until the fortieth pass the pass was 256 MiB, at most 16 layers: a lone 512-key decode
- * then read 32 MiB from a 260 MiB L3 at 1.4x the probe's DRAM rate; bench/NOTES.md).
+ * probe's buffer and the KV that each timed pass of a case with decodes walks (its layers' caches
+ * in turn) are both at least max(1 GiB, 4 x the last-level cache), so that decodes measure
+ * memory, not the LLC (until the fortieth pass the pass was 256 MiB, at most 16 layers: a lone
+ * 512-key decode then read 32 MiB from a 260 MiB L3 at 1.4x the probe's DRAM rate;
+ * bench/NOTES.md).
  * Only the public API is used. */
 #define _GNU_SOURCE
 #include "tool.h"
@@ -524,6 +525,10 @@ static pa_status setup_case(const bcase *c, const pa_backend *be, int tiny, bset
     S->nlayers = (int)ceil((double)FAR_BYTES / per_layer);
     if (S->nlayers < 1) S->nlayers = 1;
     if (S->nlayers > MAX_LAYERS) S->nlayers = MAX_LAYERS;
+    /* a prompt alone is bound by its arithmetic, its K/V rows read many times over from the
+     * caches whatever the pass: the 16 layers it always took (64 of a 2048-token f32 prompt
+     * made the bench take six minutes) */
+    if (c->ndecode == 0 && S->nlayers > 16) S->nlayers = 16;
     if (tiny) S->nlayers = 1; /* the scalar reference is compute-bound: one layer is enough */
     if (BLOCKS == BLOCKS_HOT) S->nlayers = 1; /* the point: one layer's few blocks stay cached */
     S->caches = calloc((size_t)S->nlayers, sizeof *S->caches);
@@ -733,8 +738,8 @@ static void usage(FILE *f)
             "useful flops / peak), both limits measured in this run at the same thread count; the peak\n"
             "is the fp32 FMA peak, or for bf16 queries over a bf16 or fp8 cache on CPUs with AVX512-BF16\n"
             "the bf16 dot-product peak where that is the faster one. The read probe's buffer and each\n"
-            "case's timed pass (its layers' caches in turn) are at least max(1 GiB, 4 x the LLC);\n"
-            "--quick: max(512 MiB, 2 x the LLC).\n");
+            "timed pass of a case with decodes (its layers' caches in turn) are at least max(1 GiB,\n"
+            "4 x the LLC); --quick: max(512 MiB, 2 x the LLC). A prompt alone rotates over 16 layers.\n");
 }
 
 static int make_cases(int quick, int tiny, bcase *cs)
@@ -1062,7 +1067,7 @@ int pa_tool_bench(int argc, char **argv)
                     if (!lim)
                         printf("  note: no limits were probed at %d thread(s) (--threads): the row above has no "
                                "fraction\n", R.threads);
-                    if (!tiny && BLOCKS != BLOCKS_HOT && S.pass_bytes < 0.99 * (double)FAR_BYTES)
+                    if (!tiny && BLOCKS != BLOCKS_HOT && cs[ci].ndecode && S.pass_bytes < 0.99 * (double)FAR_BYTES)
                         printf("  note: the row above walks only %.0f MiB of KV per pass (%d layers at most): part "
                                "of it may come from the LLC\n", S.pass_bytes / 1048576.0, MAX_LAYERS);
                     /* more than a tick (10 ms at USER_HZ 100) per repeat: the host took the cores */
