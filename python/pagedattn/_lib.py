@@ -442,6 +442,18 @@ def get_context(name):
         return ctx
 
 
+_threads_at_fork = {}
+
+
+def _before_fork():
+    """The parent's thread counts, read where its contexts have their workers (in the child the
+    library says 1 for an inherited context: it runs there on the calling thread alone)."""
+    _threads_at_fork.clear()
+    for name, ctx in list(_contexts.items()):
+        if ctx.handle:
+            _threads_at_fork[name] = int(lib.pa_context_num_threads(ctx.handle))
+
+
 def _after_fork_in_child():
     """A forked child has none of the parent's other threads: the contexts' pool workers and
     any thread that held one of this package's locks. The library runs an inherited context on
@@ -450,14 +462,14 @@ def _after_fork_in_child():
     global _contexts_lock
     _contexts_lock = threading.Lock()
     for name, ctx in _contexts.items():
-        if ctx.handle:
-            _forked_threads[name] = int(lib.pa_context_num_threads(ctx.handle))
+        if ctx.handle and name in _threads_at_fork:
+            _forked_threads[name] = _threads_at_fork[name]
         _forked_contexts.append(ctx)
     _contexts.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 # Contexts live until the process exits: plans made on a context may be destroyed by the
