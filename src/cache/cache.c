@@ -50,17 +50,24 @@ static int64_t span(const pa_cache *c)
 
 int64_t pa_cache_pool_elems(const pa_cache *c) { return c ? span(c) : -1; }
 
-/* Distinct (b, t, h, d) map to distinct elements if, with the dimensions of extent > 1 sorted
- * by stride, each stride is at least the span of the dimensions inside it. */
-static bool strides_injective(const pa_cache *c)
+/* The four dimensions' strides and extents (dim, head, token, block), sorted by stride */
+static void dims_by_stride(const pa_cache *c, int64_t st[4], int64_t ex[4])
 {
-    int64_t st[4] = {1, c->head_stride, c->token_stride, c->block_stride};
-    int64_t ex[4] = {c->head_size, c->num_kv_heads, c->block_size, c->num_blocks};
+    st[0] = 1, st[1] = c->head_stride, st[2] = c->token_stride, st[3] = c->block_stride;
+    ex[0] = c->head_size, ex[1] = c->num_kv_heads, ex[2] = c->block_size, ex[3] = c->num_blocks;
     for (int i = 1; i < 4; i++) /* insertion sort by stride */
         for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
             int64_t t = st[j]; st[j] = st[j - 1]; st[j - 1] = t;
             t = ex[j]; ex[j] = ex[j - 1]; ex[j - 1] = t;
         }
+}
+
+/* Distinct (b, t, h, d) map to distinct elements if, with the dimensions of extent > 1 sorted
+ * by stride, each stride is at least the span of the dimensions inside it. */
+static bool strides_injective(const pa_cache *c)
+{
+    int64_t st[4], ex[4];
+    dims_by_stride(c, st, ex);
     int64_t inner = 0; /* span of the dimensions seen so far: max offset + 1 */
     for (int i = 0; i < 4; i++) {
         if (ex[i] == 1) continue;
@@ -144,13 +151,8 @@ pa_status pa__cache_validate_write(const pa_cache *c, const char *what, bool sam
     if (gap >= (uint64_t)n * (uint64_t)es) return PA_STATUS_OK; /* (the spans apart: most caches) */
     bool clash = gap % (uint64_t)es != 0; /* (elements that overlap in part: refused) */
     if (!clash) {
-        int64_t st[4] = {1, c->head_stride, c->token_stride, c->block_stride};
-        int64_t ex[4] = {c->head_size, c->num_kv_heads, c->block_size, c->num_blocks};
-        for (int i = 1; i < 4; i++) /* by stride, as strides_injective */
-            for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
-                int64_t t = st[j]; st[j] = st[j - 1]; st[j - 1] = t;
-                t = ex[j]; ex[j] = ex[j - 1]; ex[j - 1] = t;
-            }
+        int64_t st[4], ex[4];
+        dims_by_stride(c, st, ex);
         int64_t inner[4]; /* inner[i]: span of the dims below i (their largest offset + 1) */
         inner[0] = 1;
         for (int i = 1; i < 4; i++) inner[i] = inner[i - 1] + (ex[i - 1] - 1) * st[i - 1];
