@@ -33,6 +33,8 @@ extern "C" {
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
+/* The size of the per-thread reason buffer (pa_last_error), its terminator included */
+#define PA__REASON_MAX 512
 /* Records the reason for the calling thread and returns status (so `return pa__fail(...)`). */
 pa_status pa__fail(pa_status status, const char *fmt, ...) PA__PRINTF(2, 3);
 void pa__clear_error(void);

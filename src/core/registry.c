@@ -38,7 +38,7 @@ pa_memory pa_backend_memory(const pa_backend *b) { return b ? b->memory : PA_MEM
  * the caller's last error stays as it was, as after every call that succeeds) */
 const char *pa_backend_info(const pa_backend *b)
 {
-    char saved[512];
+    char saved[PA__REASON_MAX];
     snprintf(saved, sizeof saved, "%s", pa_last_error());
     const char *r = b && b->info ? b->info() : "";
     pa__fail(PA_STATUS_OK, "%s", saved);
@@ -103,7 +103,7 @@ pa_status pa_backend_select(const char *name, const pa_layer *layer, const pa_ba
     if (name && *name) return select_named(name, "the name argument", layer, out);
     const char *env = getenv("PAGEDATTN_BACKEND");
     if (env && *env) return select_named(env, "PAGEDATTN_BACKEND", layer, out);
-    char saved[512]; /* (the reasons of the backends passed over are not the caller's) */
+    char saved[PA__REASON_MAX]; /* (the reasons of the backends passed over are not the caller's) */
     snprintf(saved, sizeof saved, "%s", pa_last_error());
     for (int i = 0; i < REGISTRY_SIZE; i++) {
         const struct pa_backend *b = registry[i];

@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-static _Thread_local char pa__reason[512];
+static _Thread_local char pa__reason[PA__REASON_MAX];
 
 const char *pa_status_name(pa_status status)
 {

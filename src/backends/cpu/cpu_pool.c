@@ -279,7 +279,7 @@ void pa__cpu_pool_destroy(pa__cpu_pool *p)
 void pa__cpu_pool_run(pa__cpu_pool *p, int64_t n, pa__cpu_task_fn fn, void *arg)
 {
     if (n <= 0) return;
-    if (p->nthreads <= 1 || n == 1 || getpid() != p->pid) { /* alone, or a forked child */
+    if (p->nthreads <= 1 || n == 1 || !pa__cpu_pool_here(p)) { /* alone, or a forked child */
         for (int64_t i = 0; i < n; i++) fn(arg, i, 0);
         return;
     }
