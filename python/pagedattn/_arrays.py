@@ -363,6 +363,28 @@ def scalar(x, name):
     return float(a.reshape(-1)[0])
 
 
+def uniform_scalar(x, name):
+    """The one value of a scale given per sequence and KV head, as FlashAttention 3's descales
+    ``[batch, num_kv_heads]`` (vLLM passes its per-tensor scale expanded to that shape): every
+    element must be the same (NaN counts as itself, for the later finiteness check to refuse);
+    different values per sequence or head raise NotImplementedError."""
+    if type(x) in (float, int):
+        return float(x)
+    if is_torch(x):
+        a = np.asarray(x.detach().to("cpu").double().reshape(-1))
+    else:
+        a = np.asarray(x, dtype=np.float64).reshape(-1)
+    if a.size == 0:
+        raise ValueError("%s is empty" % name)
+    first = a[0]
+    same = (a == first) | (np.isnan(a) & np.isnan(first))
+    if not np.all(same):
+        raise NotImplementedError("%s holds different values per sequence or head (%g .. %g): "
+                                  "pagedattn takes one scale per cache" %
+                                  (name, float(np.nanmin(a)), float(np.nanmax(a))))
+    return float(first)
+
+
 def ptr(a, ctype):
     """ctypes pointer to a contiguous numpy array (or NULL for None)."""
     if a is None:

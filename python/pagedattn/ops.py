@@ -122,16 +122,17 @@ def _lse_varlen(lse_obj, lv, total_q):
 
 def _compat(dropout_p, return_attn_probs, q_descale, k_descale, v_descale, k_scale, v_scale):
     """FlashAttention keywords without an effect here, checked: dropout must be 0; fp8
-    descales of FA3 are the cache scales."""
+    descales of FA3 ([batch, num_kv_heads], or one element) are the cache scales: one value
+    repeated (as vLLM expands its per-tensor scales); different values are refused."""
     if dropout_p not in (None, 0, 0.0):
         raise NotImplementedError("dropout_p = %r: pagedattn is an inference library; only 0 is "
                                   "supported" % (dropout_p,))
-    if q_descale is not None and A.scalar(q_descale, "q_descale") != 1.0:
+    if q_descale is not None and A.uniform_scalar(q_descale, "q_descale") != 1.0:
         raise NotImplementedError("fp8 queries (q_descale) are not supported")
     if k_descale is not None:
-        k_scale = A.scalar(k_descale, "k_descale")
+        k_scale = A.uniform_scalar(k_descale, "k_descale")
     if v_descale is not None:
-        v_scale = A.scalar(v_descale, "v_descale")
+        v_scale = A.uniform_scalar(v_descale, "v_descale")
     return k_scale, v_scale
 
 
@@ -186,7 +187,9 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p)`` is recognized (an array in the
     ``max_seqlen_q`` slot); ``dropout_p`` must be 0; ``deterministic`` is accepted (every
     backend is deterministic); ``return_attn_probs=True`` returns ``(out, lse, None)``;
-    ``k_descale``/``v_descale`` are the fp8 cache scales; other FlashAttention tuning keywords
+    ``k_descale``/``v_descale`` are the fp8 cache scales (FlashAttention 3's ``[batch,
+    num_kv_heads]`` shape is accepted when every element is the same value, as vLLM's expanded
+    per-tensor scales are; ``q_descale`` must be 1); other FlashAttention tuning keywords
     (``fa_version``, ``num_splits``, ``scheduler_metadata``) are ignored.
 
     Raises:

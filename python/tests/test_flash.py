@@ -97,6 +97,46 @@ def test_varlen_paged_fp8_scales(backend, rng, kv_cache_dtype, dtype, causal):
     O.assert_close(out, ro, dt)
 
 
+def test_varlen_fa3_descales_per_seq_and_head(backend, rng):
+    """vLLM's FlashAttention backend passes its per-tensor scales expanded to FlashAttention 3's
+    descale shape [batch, num_kv_heads] (stride-0 views): they act as k_scale / v_scale. A q_descale
+    of ones is accepted; scales that differ between sequences or heads are refused."""
+    H, Hkv, D, bs = 4, 2, 64, 16
+    dt = np.dtype(np.float16)
+    k_scale, v_scale = 0.05, 0.2
+    qlens = [5, 1, 1]
+    klens = [21, 37, 16]
+    q, kc, vc, tabs, cu_q = _case(rng, qlens, klens, H, Hkv, D, bs, dt, "fp8", k_scale, v_scale)
+    shape = (len(qlens), Hkv)
+    one = np.float32
+
+    def run(qd, kd, vd):
+        return pa.flash_attn_varlen_func(
+            q, kc, vc, max(qlens), cu_q, max(klens), seqused_k=np.array(klens, np.int32),
+            causal=True, block_table=pad_tables(tabs), kv_cache_dtype="fp8", backend=backend,
+            q_descale=qd, k_descale=kd, v_descale=vd)
+
+    out = run(np.broadcast_to(one(1.0), shape), np.broadcast_to(one(k_scale), shape),
+              np.broadcast_to(one(v_scale), shape))
+    ro, _ = ref_paged(q, kc, vc, cu_q, klens, tabs, scale=D ** -0.5, kv_cache_dtype="fp8",
+                      k_scale=k_scale, v_scale=v_scale)
+    O.assert_close(out, ro, dt)
+    differ = np.full(shape, k_scale, np.float32)
+    differ[1, 1] = 2 * k_scale
+    with pytest.raises(NotImplementedError, match="k_descale holds different values"):
+        run(None, differ, np.full(shape, v_scale, np.float32))
+    with pytest.raises(NotImplementedError, match="q_descale"):
+        run(np.full(shape, 2.0, np.float32), None, None)
+    with pytest.raises(ValueError):
+        run(None, np.full(shape, np.nan, np.float32), None)
+    kout = pa.flash_attn_with_kvcache(
+        q[cu_q[1]:cu_q[2]].reshape(1, 1, H, D), kc, vc,
+        cache_seqlens=np.array(klens[1:2], np.int32), block_table=pad_tables(tabs[1:2]),
+        causal=True, kv_cache_dtype="fp8", k_descale=np.broadcast_to(one(k_scale), (1, Hkv)),
+        v_descale=np.broadcast_to(one(v_scale), (1, Hkv)), backend=backend)
+    O.assert_close(kout.reshape(1, H, D), ro[cu_q[1]:cu_q[2]], dt)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("feature", ["plain", "window", "alibi", "softcap"])
 def test_varlen_packed(backend, rng, causal, feature):

@@ -108,6 +108,34 @@ def test_torch_fp8_cache_uint8(backend):
     np.testing.assert_array_equal(got, want)
 
 
+def test_torch_fa3_descales_expanded(backend):
+    """vLLM's call: layer._k_scale (one element) .expand((num_seqs, num_kv_heads)) as k_descale."""
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, bs, nb = 4, 2, 32, 4, 6
+    kc = torch.zeros(nb, bs, Hkv, D, dtype=torch.uint8)
+    vc = torch.zeros(nb, bs, Hkv, D, dtype=torch.uint8)
+    klens = [7, 10]
+    keys = torch.randn(sum(klens), Hkv, D, generator=g)
+    vals = torch.randn(sum(klens), Hkv, D, generator=g)
+    slots = torch.tensor(list(range(7)) + list(range(8, 18)), dtype=torch.int64)
+    pa.reshape_and_cache_flash(keys, vals, kc, vc, slots, "fp8", 0.25, 0.5)
+    bt = torch.tensor([[0, 1, 5, 5], [2, 3, 4, 5]], dtype=torch.int32)
+    q = torch.randn(2, H, D, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    cu_q = torch.tensor([0, 1, 2], dtype=torch.int32)
+    seqused = torch.tensor(klens, dtype=torch.int32)
+    shape = (2, Hkv)
+    common = dict(max_seqlen_q=1, cu_seqlens_q=cu_q, max_seqlen_k=10, seqused_k=seqused,
+                  causal=True, block_table=bt, kv_cache_dtype="fp8", backend=backend)
+    got = pa.flash_attn_varlen_func(q, kc, vc, q_descale=torch.ones(1).expand(shape),
+                                    k_descale=torch.tensor([0.25]).expand(shape),
+                                    v_descale=torch.tensor([0.5]).expand(shape), **common)
+    want = pa.flash_attn_varlen_func(q, kc, vc, k_scale=0.25, v_scale=0.5, **common)
+    assert torch.equal(got, want)
+    with pytest.raises(NotImplementedError):
+        pa.flash_attn_varlen_func(q, kc, vc, k_descale=torch.tensor([[0.25, 0.5], [0.25, 0.25]]),
+                                  **common)
+
+
 def test_torch_cache_in_stride_order(backend):
     """A torch cache allocated as vLLM does from get_kv_cache_stride_order (the permuted shape,
     permuted back) gives the same bits as a contiguous one, written and read."""
