@@ -959,6 +959,26 @@ static void build_cases(void)
     c.qscale = 0x1p-131f;
     decode_only(&c, 700, 3);
     push(c, "huge-scale");
+    /* logits spread over some 300 (queries 48 times the usual), so that many keys lie 87 to 131
+     * below their row's maximum, where exp(s - m) is an fp32 subnormal (the cpu backend's
+     * AVX-512 kernels weigh keys 2^64 times, normal down to -131), and values up to 2^100, over
+     * which those scaled sums overflow while the unscaled ones do not (the item then runs again
+     * unscaled): a prompt with sinks, a chunked prefill and a decode split in KV chunks, over
+     * bf16 and f32; then the spread alone, with a window and ALiBi */
+    c = base_case();
+    c.D = 128, c.cache = c.qd = c.kvd = PA_DTYPE_BF16, c.outd = PA_DTYPE_F32;
+    c.qscale = 48.0f, c.vmag = 0x1p100f, c.sinks = 1;
+    c.seqs[2] = (gseq){1500, 1, 0, 0};
+    push(c, "wide-logits");
+    c = base_case();
+    c.qscale = 48.0f, c.vmag = 0x1p100f;
+    decode_only(&c, 2000, 3);
+    push(c, "wide-logits");
+    c = base_case();
+    c.D = 96, c.cache = c.kvd = PA_DTYPE_F16, c.qd = PA_DTYPE_BF16, c.outd = PA_DTYPE_BF16;
+    c.qscale = 48.0f, c.wl = 300, c.wr = 0, c.alibi = 1;
+    c.seqs[2] = (gseq){700, 1, 0, 0};
+    push(c, "wide-logits");
 }
 
 int grid_count(void)

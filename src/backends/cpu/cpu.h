@@ -321,9 +321,27 @@ typedef struct pa__cpu_kernels {
     bool fp8_lut;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
+    /* The weights that exp_row and softmax_rows give are 2^p_exp exp(s - m) (0: exp(s - m)), so
+     * that a key up to ~131 below its row's maximum weighs an fp32 normal: a subnormal weight
+     * costs a microcode assist on Intel cores in every FMA that takes it (~6x for a decode whose
+     * logits spread over more than 87, bench/NOTES.md, forty-first pass). The driver starts a
+     * row's sum at 2^p_exp for a sink and scales o and l back by 2^-p_exp at its end (exact
+     * wherever the unscaled ones are normal: the same bits); where a scaled sum overflowed (V
+     * beyond ~2^64 / l) or came out NaN, it runs the item again with the unscaled weights. A
+     * table that reads E4M3 V as words 2^-120 times their value (e4m3_bf16: AMD, whose cores
+     * take subnormal operands at full speed) multiplies the weights by 2^120 for them, which
+     * the scaled ones would overflow: it takes the unscaled weights throughout. */
+    int p_exp;
+    /* With p_exp: exp_row and softmax_rows with weights exp(s - m) (NULL: the generic
+     * exp_row, no softmax_rows). */
+    float (*exp_row_unscaled)(float *s, int n, float m);
+    bool (*softmax_rows_unscaled)(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha);
 } pa__cpu_kernels;
 
 void pa__cpu_kernels_init_generic(pa__cpu_kernels *k);
+
+/* exp_row of the generic table: expf per score (-0 for -inf), unscaled (p_exp 0). */
+float pa__cpu_exp_row_generic(float *s, int n, float m);
 
 /* A dtype tag of the ISA files' decode kernels (never a layer's dtype): E4M3 rows converted
  * without the NaN fix-up (a NaN byte, S.1111.111, would come out finite): the AVX2 kernels take
@@ -505,6 +523,7 @@ typedef struct pa__cpu_scratch {
 typedef struct pa__cpu_ctx {
     pa__cpu_isa isa;
     pa__cpu_kernels kern;
+    pa__cpu_kernels kern_exact;  /* kern with unscaled weights (p_exp 0): a rerun's (see p_exp) */
     pa__cpu_pool *pool;
     int32_t nthreads;
     int32_t dp_cap;              /* scratch sized for this padded head size */

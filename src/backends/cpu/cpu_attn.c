@@ -341,15 +341,30 @@ static inline void row_of(int r, int32_t h0, int32_t nh, int32_t nt, int32_t gro
     *h = h0 + k * group + rem % nh;
 }
 
-static void run_item(void *arg, int64_t index, int thread)
+/* Whether a row's sum or some element of its o is NaN or infinite (bits: vectorizable). */
+static bool row_nonfinite(const float *o, int d, float l)
 {
-    job *J = arg;
+    uint32_t acc = 0, b;
+    memcpy(&b, &l, sizeof b);
+    acc |= (b & 0x7f800000u) == 0x7f800000u;
+    for (int i = 0; i < d; i++) {
+        memcpy(&b, o + i, sizeof b);
+        acc |= (b & 0x7f800000u) == 0x7f800000u;
+    }
+    return acc != 0;
+}
+
+/* One item with the kernels K; false, having written nothing, where K's weights are scaled
+ * (p_exp) and some row that is not NaN anyway ended with a non-finite sum or o: the scaled sums
+ * overflowed where the unscaled ones may not (V values beyond ~2^64 / l), or V held an inf or
+ * NaN, whose results the unscaled weights give as the contract's fp32 arithmetic has them. */
+static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *K)
+{
     const pa__cpu_item *it = &J->p->items[index];
     const pa__fwd *f = J->f;
     const struct pa_layer *L = f->layer;
     const pa_layer_config *cfg = &L->cfg;
     const struct pa_batch *b = f->batch;
-    const pa__cpu_kernels *K = &J->c->kern;
     pa__cpu_scratch *sc = &J->c->scratch[thread];
     const int32_t d = cfg->head_size, dp = J->p->dp;
     const int nrk = it->nh * it->nt, nr = nrk * it->nkv; /* rows per KV head, in all */
@@ -383,7 +398,7 @@ static void run_item(void *arg, int64_t index, int thread)
         }
         bool sink = L->sinks && !split;
         sc->m[r] = sink ? L->sinks[h] : -INFINITY;
-        sc->l[r] = sink ? 1.0f : 0.0f;
+        sc->l[r] = sink ? ldexpf(1.0f, K->p_exp) : 0.0f; /* the sink's weight, exp(0) */
         sc->bad[r] = 0;
         sc->rows[r] = (const char *)f->args->q + (tok * f->args->q_row_stride + (int64_t)h * d) * (int64_t)qsz;
     }
@@ -649,6 +664,17 @@ static void run_item(void *arg, int64_t index, int thread)
         }
     }
 
+    if (K->p_exp) {
+        for (int r = 0; r < nr; r++)
+            if (!sc->bad[r] && row_nonfinite(sc->o + (size_t)r * dp, d, sc->l[r])) return false;
+        /* back to exp(s - m): exact where the unscaled values are normal */
+        const float un = ldexpf(1.0f, -K->p_exp);
+        for (int r = 0; r < nr; r++) {
+            float *o = sc->o + (size_t)r * dp;
+            for (int i = 0; i < d; i++) o[i] *= un;
+            sc->l[r] *= un;
+        }
+    }
     for (int r = 0; r < nr; r++) {
         const float *o = sc->o + (size_t)r * dp;
         if (split) {
@@ -663,6 +689,13 @@ static void run_item(void *arg, int64_t index, int thread)
             write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], sc->bad[r], K);
         }
     }
+    return true;
+}
+
+static void run_item(void *arg, int64_t index, int thread)
+{
+    job *J = arg;
+    if (!item_pass(J, index, thread, &J->c->kern)) item_pass(J, index, thread, &J->c->kern_exact);
 }
 
 /* Combines the chunks of one tile of rows in chunk order; the sink joins here, once. */

@@ -108,6 +108,14 @@ static pa_status choose_fp8(fp8_form *form)
     return PA_STATUS_OK;
 }
 
+/* The table with weights exp(s - m): its unscaled softmax steps (or the generic exp_row). */
+static void unscaled_weights(pa__cpu_kernels *k)
+{
+    k->exp_row = k->exp_row_unscaled ? k->exp_row_unscaled : pa__cpu_exp_row_generic;
+    k->softmax_rows = k->softmax_rows_unscaled;
+    k->p_exp = 0;
+}
+
 static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 {
     pa__cpu_kernels_init_generic(k);
@@ -126,6 +134,7 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
     if (isa == PA__ISA_NEON) pa__cpu_kernels_init_neon(k);
 #endif
     k->e4m3_bf16 = k->e4m3_bf16 && form == FP8_BF16;
+    if (k->p_exp && k->e4m3_bf16) unscaled_weights(k); /* (cpu.h, p_exp) */
 }
 
 /* (per thread: the text depends on PAGEDATTN_CPU_ISA at the time of the call, so it is rebuilt
@@ -327,6 +336,8 @@ static pa_status cpu_context_create(const pa_context_options *opt, void **impl)
     if (!c) return pa__fail(PA_STATUS_OUT_OF_MEMORY, "cpu: context");
     c->isa = isa;
     fill_kernels(isa, form, &c->kern);
+    c->kern_exact = c->kern;
+    if (c->kern.p_exp) unscaled_weights(&c->kern_exact);
     c->dp_cap = 128;
     st = cpu_set_num_threads(c, opt ? opt->num_threads : 0);
     if (st != PA_STATUS_OK) {

@@ -51,7 +51,7 @@ static float g_row_max(const float *s, int n)
     return m;
 }
 
-static float g_exp_row(float *s, int n, float m)
+float pa__cpu_exp_row_generic(float *s, int n, float m)
 {
     float sum = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -95,7 +95,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     k->load_rows = g_load_rows;
     k->qk = g_qk;
     k->row_max = g_row_max;
-    k->exp_row = g_exp_row;
+    k->exp_row = pa__cpu_exp_row_generic;
     k->pv = pa__cpu_pv_masked;
     k->store_row = g_store_row;
     k->pair_span = 16;

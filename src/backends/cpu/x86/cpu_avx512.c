@@ -830,10 +830,15 @@ static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, fl
  * is an fp32 subnormal or 0, as the contract's fp32 exp has it (vscalefps rounds p 2^n once,
  * subnormals kept in the default environment); until 2026-11-30 the clamp was at -87.3, and a
  * key more than 87.3 below its row's maximum weighed 2^-126 (bench/NOTES.md, thirty-sixth
- * pass). */
-AI __m512 exp16(__m512 x)
+ * pass).
+ * With sh > 0 (a constant): 2^sh exp(x) for x down to -131, +0 below (and for NaN), the same
+ * steps but for n + sh in the vscalefps: wherever exp(x) is an fp32 normal, exactly 2^sh times
+ * the unshifted value, and at sh = 64 never a subnormal (a softmax weight: p_exp, cpu.h). Two
+ * operations more (a compare, an add; the vscalefps zero-masked). */
+AI __m512 exp16k(__m512 x, const int sh)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __mmask16 keep = sh ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-131.0f), _CMP_GE_OQ) : (__mmask16)0xffff;
+    x = _mm512_max_ps(x, _mm512_set1_ps(sh ? -131.0f : -104.0f));
     x = _mm512_min_ps(x, _mm512_setzero_ps());
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -848,15 +853,21 @@ AI __m512 exp16(__m512 x)
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     /* p 2^n by vscalefps (one operation, against a conversion, two adds and shifts and two
      * multiplies building 2^n in two factors): the same product, rounded once */
-    return _mm512_scalef_ps(p, n);
+    if (!sh) return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, _mm512_add_ps(n, _mm512_set1_ps((float)sh)));
 }
 
-/* s[i .. i + 16) where `live` is set = exp(s - m), -0 where s is -inf (a masked key); returns
- * them, zeros in the other lanes (which are neither read nor written) */
-AI __m512 exp16_store(float *s, __mmask16 live, __m512 vm)
+AI __m512 exp16(__m512 x) { return exp16k(x, 0); }
+
+/* The exponent of this table's softmax weights (p_exp): 2^64 exp(s - m) */
+#define PA__A5_P_EXP 64
+
+/* s[i .. i + 16) where `live` is set = the weights exp16k(s - m, sh), -0 where s is -inf (a
+ * masked key); returns them, zeros in the other lanes (which are neither read nor written) */
+AI __m512 exp16_store(float *s, __mmask16 live, __m512 vm, const int sh)
 {
     __m512 x = _mm512_maskz_loadu_ps(live, s);
-    __m512 e = exp16(_mm512_sub_ps(x, vm));
+    __m512 e = exp16k(_mm512_sub_ps(x, vm), sh);
     e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), _mm512_set1_ps(-0.0f));
     _mm512_mask_storeu_ps(s, live, e);
     return _mm512_maskz_mov_ps(live, e);
@@ -866,24 +877,29 @@ AI __m512 exp16_store(float *s, __mmask16 live, __m512 vm)
  * step (independent chains), the last partial vectors under a mask instead of expf one by one (a
  * decode tile of 32 keys is one step; a sequence's last tile had up to 7 keys through expf on the
  * AVX2 path) */
-AI __m512 exp_row_acc(float *s, int n, __m512 vm)
+AI __m512 exp_row_acc(float *s, int n, __m512 vm, const int sh)
 {
     __m512 acc = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
-        __m512 e0 = exp16_store(s + i, 0xffff, vm), e1 = exp16_store(s + i + 16, 0xffff, vm);
+        __m512 e0 = exp16_store(s + i, 0xffff, vm, sh), e1 = exp16_store(s + i + 16, 0xffff, vm, sh);
         acc = _mm512_add_ps(_mm512_add_ps(acc, e0), e1);
     }
     for (; i < n; i += 16) {
         const int left = n - i;
-        acc = _mm512_add_ps(acc, exp16_store(s + i, left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u), vm));
+        acc = _mm512_add_ps(acc, exp16_store(s + i, left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u), vm, sh));
     }
     return acc;
 }
 
 static float a5_exp_row(float *s, int n, float m)
 {
-    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m)));
+    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m), PA__A5_P_EXP));
+}
+
+static float a5_exp_row_unscaled(float *s, int n, float m)
+{
+    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m), 0));
 }
 
 /* any_neg_inf (cpu.h): x is -inf exactly when its bits XOR those of -inf are 0, so the unsigned
@@ -947,7 +963,7 @@ static void a5_softcap_rows(float *s, int lds, int nr, int nc, float cap)
  * sums and rescale factors as vectors. The sums are exp_row's: the same vectors, reduced in
  * hsum1z's order. (Replaces, per row and tile, two calls and the driver's scalar bookkeeping;
  * bench/NOTES.md, thirtieth pass.) */
-static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+AI bool softmax_rows_k(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha, const int sh)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 1 || nc > CPU_KT) return false;
     float mn[CPU_ROWS] __attribute__((aligned(64)));
@@ -980,7 +996,7 @@ static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         const __mmask16 live = (__mmask16)(g == 16 ? 0xffffu : (1u << g) - 1u);
         __m512 acc[16];
         for (int i = 0; i < 16; i++)
-            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm512_set1_ps(mn[r0 + i])) : _mm512_setzero_ps();
+            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm512_set1_ps(mn[r0 + i]), sh) : _mm512_setzero_ps();
         const __m512 sum = hred16z(false, acc), vmn = _mm512_load_ps(mn + r0);
         const __m512 mo = _mm512_maskz_loadu_ps(live, m + r0);
         const __mmask16 same = _mm512_cmp_ps_mask(mo, vmn, _CMP_EQ_OQ);
@@ -999,6 +1015,16 @@ static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         _mm512_mask_storeu_ps(alpha + r0, live, va);
     }
     return true;
+}
+
+static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__A5_P_EXP);
+}
+
+static bool a5_softmax_rows_unscaled(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, 0);
 }
 
 /* a5_qk_src and a5_pv_src with fp8 rows by the tables (the init's lut; only the *_lut functions
@@ -1032,6 +1058,9 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->qk_t = rows12 ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->softmax_rows = a5_softmax_rows;
+    k->p_exp = PA__A5_P_EXP;
+    k->exp_row_unscaled = a5_exp_row_unscaled;
+    k->softmax_rows_unscaled = a5_softmax_rows_unscaled;
     k->any_neg_inf = a5_any_neg_inf;
     k->softcap_rows = a5_softcap_rows;
     k->pf_spread = true;
