@@ -293,9 +293,34 @@ class _Plan:
 
 # ---- caches -------------------------------------------------------------------------------------
 
-def cache_dtype_of(v, kv_cache_dtype, name):
-    """Library dtype of a cache View given vLLM's kv_cache_dtype string."""
+# vLLM's kv_cache_dtype strings (vllm.config.cache.CacheDType) this package takes: "auto",
+# "bfloat16" and "float16" name an unquantized cache (vLLM's kernels read all three as
+# Fp8KVCacheDataType::kAuto: the cache holds the keys and values as they are), the others an fp8
+# cache of uint8 codes.
+UNQUANTIZED_CACHE_NAMES = {"bfloat16": L.PA_DTYPE_BF16, "float16": L.PA_DTYPE_F16}
+KV_CACHE_DTYPE_NAMES = ("auto",) + tuple(UNQUANTIZED_CACHE_NAMES) + tuple(A.FP8_NAMES)
+
+
+def kv_cache_dtype_name(kv_cache_dtype):
+    """vLLM's kv_cache_dtype string, lower-cased and checked (None means "auto")."""
+    if kv_cache_dtype is None:
+        return "auto"
+    if not isinstance(kv_cache_dtype, str):
+        raise ValueError("kv_cache_dtype must be a string (one of %s), got %r"
+                         % (", ".join(repr(n) for n in KV_CACHE_DTYPE_NAMES), kv_cache_dtype))
     kcd = (kv_cache_dtype or "auto").lower()
+    if kcd not in KV_CACHE_DTYPE_NAMES:
+        raise ValueError("kv_cache_dtype %r is not one of %s"
+                         % (kv_cache_dtype, ", ".join(repr(n) for n in KV_CACHE_DTYPE_NAMES)))
+    return kcd
+
+
+def cache_dtype_of(v, kv_cache_dtype, name):
+    """Library dtype of a cache View given vLLM's kv_cache_dtype string: "auto" takes the
+    array's own float dtype; "bfloat16"/"float16" (vLLM's unquantized caches named by their
+    dtype) need a cache of exactly that dtype; "fp8"/"fp8_e4m3"/"fp8_e5m2" need uint8 codes (or
+    the matching fp8 dtype)."""
+    kcd = kv_cache_dtype_name(kv_cache_dtype)
     if kcd == "auto":
         if v.kind == "uint8":
             raise ValueError("%s is uint8 but kv_cache_dtype is 'auto': pass kv_cache_dtype='fp8', "
@@ -304,9 +329,17 @@ def cache_dtype_of(v, kv_cache_dtype, name):
             raise ValueError("%s: dtype %s is not a supported cache dtype (float32, float16, "
                              "bfloat16, or uint8 with an fp8 kv_cache_dtype)" % (name, v.kind))
         return v.kind
-    if kcd not in A.FP8_NAMES:
-        raise ValueError("kv_cache_dtype %r is not one of 'auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2'"
-                         % kv_cache_dtype)
+    if kcd in UNQUANTIZED_CACHE_NAMES:
+        want = UNQUANTIZED_CACHE_NAMES[kcd]
+        if v.kind == want:
+            return want
+        if v.kind == "uint8":
+            raise ValueError("%s is uint8 but kv_cache_dtype %r names an unquantized %s cache: "
+                             "pass kv_cache_dtype='fp8', 'fp8_e4m3' or 'fp8_e5m2' for an fp8 "
+                             "cache" % (name, kv_cache_dtype, kcd))
+        raise ValueError("%s has dtype %s but kv_cache_dtype %r needs a %s cache (vLLM stores "
+                         "keys and values unconverted in it); pass kv_cache_dtype='auto' to take "
+                         "the cache's own dtype" % (name, v.dtype_name(), kv_cache_dtype, kcd))
     want = A.FP8_NAMES[kcd]
     if v.kind == "uint8" or v.kind == want:
         return want

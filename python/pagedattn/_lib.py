@@ -307,7 +307,11 @@ LIBRARY_PATH = _library_path()
 # ---- errors -------------------------------------------------------------------------------------
 
 class PagedAttnError(Exception):
-    """Mixin carried by every exception raised for a failing library status.
+    """Mixin carried by every exception raised for a failing library status: a bad argument
+    is a ValueError (PagedAttnValueError), a feature the backend lacks or a backend that cannot
+    run here a NotImplementedError, OUT_OF_MEMORY a MemoryError, and DEVICE_ERROR (the
+    accelerator runtime failed), INTERNAL (a bug in the library) or an unknown status a
+    RuntimeError (PagedAttnRuntimeError).
 
     Attributes: ``status`` (int), ``status_name`` (e.g. ``"OUT_OF_RANGE"``) and ``reason`` (the
     library's reason text from ``pa_last_error()``)."""

@@ -421,6 +421,9 @@ class PagedAttnImpl:
     local_blocks, vert_stride, homo_head, homo_head_group) plus optional ``tp_rank`` and
     ``tp_size`` (tensor parallelism: num_heads are this rank's heads) and ``head_sliding_step``
     (overrides vLLM's derivation). ``sliding_window`` W attends W keys (window (W - 1, 0)).
+    ``kv_cache_dtype`` is one of vLLM's strings: ``"auto"``, ``"bfloat16"`` or ``"float16"``
+    (an unquantized cache; the named ones need a cache of that dtype, checked at forward) or
+    ``"fp8"``/``"fp8_e4m3"``/``"fp8_e5m2"`` (uint8 codes).
     The configuration is validated by the library at construction (ValueError otherwise).
     """
 
@@ -447,11 +450,9 @@ class PagedAttnImpl:
                              % (self.num_heads, self.num_kv_heads))
         self.alibi_slopes = A.floats(alibi_slopes, "alibi_slopes", self.num_heads)
         self.sliding_window = int(sliding_window) if sliding_window else 0
-        kcd = (kv_cache_dtype or "auto").lower()
-        if kcd != "auto" and kcd not in A.FP8_NAMES:
-            raise ValueError("kv_cache_dtype %r is not one of 'auto', 'fp8', 'fp8_e4m3', "
-                             "'fp8_e5m2'" % kv_cache_dtype)
-        self.kv_cache_dtype = kcd
+        # "auto", "bfloat16", "float16" (unquantized: forward checks the cache's dtype agrees)
+        # or an fp8 name
+        self.kv_cache_dtype = C.kv_cache_dtype_name(kv_cache_dtype)
         self.blocksparse = _blocksparse(blocksparse_params, self.num_heads, self.num_kv_heads)
         self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
         self.sinks = A.floats(sinks, "sinks", self.num_heads)
@@ -932,8 +933,8 @@ class PagedAttnBackend:
                            cache_dtype_str="auto"):
         """``(2, num_blocks, block_size, num_kv_heads, head_size)``: FlashAttention's layout,
         keys in ``[0]`` and values in ``[1]``. cache_dtype_str (vLLM's ``kv_cache_dtype``:
-        ``"auto"``, ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ...) does not change the shape:
-        an fp8 cache is that shape of uint8."""
+        ``"auto"``, ``"bfloat16"``, ``"float16"``, ``"fp8"``, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ...)
+        does not change the shape: an fp8 cache is that shape of uint8."""
         for n, x in (("num_blocks", num_blocks), ("block_size", block_size),
                      ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
             if int(x) < 1:
@@ -1002,7 +1003,7 @@ class PagedAttnBackend:
     # ---- vLLM v1's backend-selection queries ----
 
     # every cache dtype vLLM names for these layouts; forward writes the new K/V itself
-    supported_kv_cache_dtypes = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+    supported_kv_cache_dtypes = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
     forward_includes_kv_cache_update = True
 
     def supports_dtype(self, dtype):

@@ -5,6 +5,7 @@ tensors; they are passed to the library by pointer and strides, without copies.
 """
 
 import ctypes
+import inspect
 import math
 
 import numpy as np
@@ -144,14 +145,52 @@ def _is_index_array(x):
     return np.ndim(x) == 1
 
 
-def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
-                           seqused_k=None, softmax_scale=None, causal=False, window_size=None,
-                           softcap=0.0, alibi_slopes=None, block_table=None,
-                           return_softmax_lse=False, out=None, s_aux=None, kv_cache_dtype="auto",
-                           k_scale=1.0, v_scale=1.0, backend=None, dropout_p=0.0,
-                           deterministic=False, return_attn_probs=False, q_descale=None,
-                           k_descale=None, v_descale=None, **ignored):
+# upstream FlashAttention 2's positional order of flash_attn_varlen_func
+_UPSTREAM_VARLEN_ORDER = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
+                          "max_seqlen_k", "dropout_p", "softmax_scale", "causal", "window_size",
+                          "softcap", "alibi_slopes", "deterministic", "return_attn_probs",
+                          "block_table")
+
+
+def flash_attn_varlen_func(*args, **kwargs):
+    # An index array in the 4th position (the fork's max_seqlen_q) is upstream FlashAttention's
+    # order, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+    # softmax_scale, causal, ...): its positional arguments are bound by upstream's names.
+    if len(args) > 3 and _is_index_array(args[3]):
+        if len(args) > len(_UPSTREAM_VARLEN_ORDER):
+            raise TypeError("flash_attn_varlen_func (upstream FlashAttention's order) takes at "
+                            "most %d positional arguments, got %d"
+                            % (len(_UPSTREAM_VARLEN_ORDER), len(args)))
+        bound = dict(zip(_UPSTREAM_VARLEN_ORDER, args))
+        for key in kwargs:
+            if key in bound:
+                raise TypeError("flash_attn_varlen_func() got multiple values for argument %r "
+                                "(positional arguments in upstream FlashAttention's order)" % key)
+        bound.update(kwargs)
+        return _flash_attn_varlen(**bound)
+    return _flash_attn_varlen(*args, **kwargs)
+
+
+def _flash_attn_varlen(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
+                       seqused_k=None, q_v=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                       window_size=None, softcap=0.0, alibi_slopes=None, deterministic=False,
+                       return_attn_probs=False, block_table=None, return_softmax_lse=False,
+                       out=None, scheduler_metadata=None, q_descale=None, k_descale=None,
+                       v_descale=None, num_splits=0, output_scale=None, fa_version=2, s_aux=None,
+                       cp_world_size=1, cp_rank=0, cp_tot_seqused_k=None, mask_mod=None,
+                       block_sparse_tensors=None, aux_tensors=None,
+                       aux_tensor_leading_dims=None, dynamic_causal=None, *,
+                       kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, backend=None, **ignored):
     """Variable-length attention, as vLLM's flash-attention fork's ``flash_attn_varlen_func``.
+
+    The positional order is the fork's (``vllm_flash_attn/flash_attn_interface.py``): ``q, k,
+    v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k, seqused_k, q_v, dropout_p,
+    softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+    return_attn_probs, block_table, return_softmax_lse, out, scheduler_metadata, q_descale,
+    k_descale, v_descale, num_splits, output_scale, fa_version, s_aux, cp_world_size, cp_rank,
+    cp_tot_seqused_k, mask_mod, block_sparse_tensors, aux_tensors, aux_tensor_leading_dims,
+    dynamic_causal``; pagedattn's own arguments (``kv_cache_dtype``, ``k_scale``, ``v_scale``,
+    ``backend``) are keyword-only.
 
     Args:
         q: ``[total_q, num_heads, head_size]`` float32/float16/bfloat16; sequence i owns rows
@@ -174,7 +213,9 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         return_softmax_lse: also return the natural-log LSE ``[num_heads, total_q]`` float32.
         out: optional output ``[total_q, num_heads, head_size]`` of q's dtype.
         s_aux: optional per-head attention-sink logits ``[num_heads]``.
-        kv_cache_dtype: ``"auto"`` or, for uint8 caches, ``"fp8"``/``"fp8_e4m3"``/``"fp8_e5m2"``.
+        kv_cache_dtype: ``"auto"``, ``"bfloat16"``/``"float16"`` (an unquantized cache of
+            exactly that dtype, as vLLM names it) or, for uint8 caches, ``"fp8"``/``"fp8_e4m3"``/
+            ``"fp8_e5m2"``.
         k_scale, v_scale: fp8 dequantization scales.
         backend: library backend name (``"reference"``, ``"cpu"``, ...); default: the best
             available one that supports the configuration (or ``$PAGEDATTN_BACKEND``).
@@ -183,26 +224,29 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
         ``out``, or ``(out, lse)`` with ``return_softmax_lse``. Rows that see no key get 0 and
         an LSE of -inf (the sink's logit with ``s_aux``).
 
-    Compatibility: upstream FlashAttention's positional order ``(q, k, v, cu_seqlens_q,
-    cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p)`` is recognized (an array in the
-    ``max_seqlen_q`` slot); ``dropout_p`` must be 0; ``deterministic`` is accepted (every
-    backend is deterministic); ``return_attn_probs=True`` returns ``(out, lse, None)``;
-    ``k_descale``/``v_descale`` are the fp8 cache scales (FlashAttention 3's ``[batch,
+    Compatibility: upstream FlashAttention 2's positional order ``(q, k, v, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+    softcap, alibi_slopes, deterministic, return_attn_probs, block_table)`` is recognized (an
+    index array in the ``max_seqlen_q`` slot); ``dropout_p`` must be 0; ``deterministic`` is
+    accepted (every backend is deterministic); ``return_attn_probs=True`` returns ``(out, lse,
+    None)``; ``k_descale``/``v_descale`` are the fp8 cache scales (FlashAttention 3's ``[batch,
     num_kv_heads]`` shape is accepted when every element is the same value, as vLLM's expanded
-    per-tensor scales are; ``q_descale`` must be 1); other FlashAttention tuning keywords
-    (``fa_version``, ``num_splits``, ``scheduler_metadata``) are ignored.
+    per-tensor scales are; ``q_descale`` must be 1); the tuning keywords (``fa_version``,
+    ``num_splits``, ``scheduler_metadata``) are ignored. The fork's other keywords are taken
+    at their neutral values only, anything else being NotImplementedError: ``q_v`` (FA3's
+    separate value-side query of MLA) None, ``output_scale`` (FA4's fp8 output quantization)
+    None, context parallelism ``cp_world_size=1``, ``cp_rank=0``, ``cp_tot_seqused_k=None``,
+    and FA4's mask modifiers ``mask_mod``, ``block_sparse_tensors``, ``aux_tensors``,
+    ``aux_tensor_leading_dims``, ``dynamic_causal`` None.
 
     Raises:
         ValueError for bad shapes/dtypes/arguments, NotImplementedError for a configuration the
-        chosen backend lacks, MemoryError when the library runs out of memory.
+        chosen backend lacks, MemoryError when the library runs out of memory, RuntimeError
+        for a device failure or an internal error of the library (DEVICE_ERROR, INTERNAL).
     """
     _check_ignored(ignored)
-    if _is_index_array(max_seqlen_q):
-        # upstream order: (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
-        cu_q_, cu_k_, mq_, mk_ = max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k
-        if seqused_k is not None and not _is_index_array(seqused_k):
-            dropout_p, seqused_k = seqused_k, None
-        max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k = mq_, cu_q_, mk_, cu_k_
+    _fork_neutral(q_v, output_scale, cp_world_size, cp_rank, cp_tot_seqused_k, mask_mod,
+                  block_sparse_tensors, aux_tensors, aux_tensor_leading_dims, dynamic_causal)
     k_scale, v_scale = _compat(dropout_p, return_attn_probs, q_descale, k_descale, v_descale,
                                k_scale, v_scale)
     if return_attn_probs:
@@ -305,6 +349,41 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     return out_obj
 
 
+flash_attn_varlen_func.__doc__ = _flash_attn_varlen.__doc__
+flash_attn_varlen_func.__signature__ = inspect.signature(_flash_attn_varlen)
+
+
+def _fork_neutral(q_v, output_scale, cp_world_size, cp_rank, cp_tot_seqused_k, mask_mod,
+                  block_sparse_tensors, aux_tensors, aux_tensor_leading_dims, dynamic_causal):
+    """The fork's keywords pagedattn takes at their neutral values only."""
+    if q_v is not None:
+        raise NotImplementedError("q_v (FlashAttention 3's separate value-side query, used by "
+                                  "MLA) is not supported by pagedattn; pass q_v=None")
+    if output_scale is not None:
+        raise NotImplementedError("output_scale (FlashAttention 4's fp8 quantization of the "
+                                  "output) is not supported: pagedattn writes the output in q's "
+                                  "dtype; pass output_scale=None")
+    try:
+        cp = (int(cp_world_size), int(cp_rank))
+    except (TypeError, ValueError):
+        raise ValueError("cp_world_size and cp_rank must be integers, got %r and %r"
+                         % (cp_world_size, cp_rank))
+    if cp != (1, 0) or cp_tot_seqused_k is not None:
+        raise NotImplementedError("context parallelism (cp_world_size=%r, cp_rank=%r, "
+                                  "cp_tot_seqused_k %s) is not supported by pagedattn: each call "
+                                  "attends over the keys it is given; pass cp_world_size=1, "
+                                  "cp_rank=0, cp_tot_seqused_k=None"
+                                  % (cp_world_size, cp_rank,
+                                     "None" if cp_tot_seqused_k is None else "given"))
+    for name, val in (("mask_mod", mask_mod), ("block_sparse_tensors", block_sparse_tensors),
+                      ("aux_tensors", aux_tensors),
+                      ("aux_tensor_leading_dims", aux_tensor_leading_dims),
+                      ("dynamic_causal", dynamic_causal)):
+        if val is not None:
+            raise NotImplementedError("%s (FlashAttention 4's custom masking) is not supported by "
+                                      "pagedattn; pass %s=None" % (name, name))
+
+
 _IGNORED = {"fa_version", "num_splits", "scheduler_metadata", "pack_gqa", "sm_margin",
             "q_v", "cache_leftpad"}
 
@@ -357,12 +436,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         o3 = _rows_view(out, "out", None)
         if o3.ptr != ov.ptr or not ov.is_contiguous():
             raise ValueError("out must be contiguous")
-    res = flash_attn_varlen_func(_flat(q3), _flat(k3), _flat(v3), Sq, cu_q, Sk, cu_k,
-                                 softmax_scale=softmax_scale, causal=causal,
-                                 window_size=window_size, softcap=softcap,
-                                 alibi_slopes=alibi_slopes, return_softmax_lse=True,
-                                 out=None if out is None else _flat(o3), s_aux=s_aux,
-                                 backend=backend)
+    res = _flash_attn_varlen(_flat(q3), _flat(k3), _flat(v3), Sq, cu_q, Sk, cu_k,
+                             softmax_scale=softmax_scale, causal=causal,
+                             window_size=window_size, softcap=softcap,
+                             alibi_slopes=alibi_slopes, return_softmax_lse=True,
+                             out=None if out is None else _flat(o3), s_aux=s_aux,
+                             backend=backend)
     o, lse = res
     o = o.reshape(B, Sq, H, D) if out is None else out
     if return_attn_probs or return_softmax_lse:
@@ -716,8 +795,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
             ``slot % block_size``; negative slots are skipped. It may hold fewer entries than
             ``key`` has rows (vLLM V1 pads key and value for CUDA graphs, not slot_mapping): its
             length is the number of tokens written, as in vLLM.
-        kv_cache_dtype: ``"auto"`` (cache dtype = its array dtype) or ``"fp8"``/``"fp8_e4m3"``/
-            ``"fp8_e5m2"`` (stored value = fp8(x / scale), saturating).
+        kv_cache_dtype: ``"auto"`` (cache dtype = its array dtype), ``"bfloat16"``/``"float16"``
+            (vLLM's names for an unquantized cache of that dtype: the cache must have it, else
+            ValueError) or ``"fp8"``/``"fp8_e4m3"``/``"fp8_e5m2"`` (uint8 cache; stored value =
+            fp8(x / scale), saturating).
         k_scale, v_scale: fp8 quantization scales (ignored for non-fp8 caches).
         backend: optional backend name whose context runs the copy (default: calling thread).
 
@@ -887,17 +968,106 @@ def copy_blocks(key_caches, value_caches, block_mapping, backend=None):
         L.check(L.lib.pa_cache_copy_blocks(None, arr, n, p, pairs.shape[0]), "copy_blocks")
 
 
-def swap_blocks(src, dst, block_mapping, backend=None):
+def _is_byte_count(x):
+    """Whether swap_blocks' third argument is vLLM's block_size_in_bytes (an integer) rather than
+    the older form's block_mapping (an array)."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    if A.is_torch(x):
+        return (x.dim() == 0 and not x.dtype.is_floating_point and not x.dtype.is_complex and
+                x.dtype is not A.torch_module().bool)
+    if isinstance(x, np.ndarray):
+        return x.ndim == 0 and x.dtype.kind in "iu"
+    return False
+
+
+def _byte_chunk_cache(v, name, nbytes):
+    """pa_cache over pool v cut into chunks of nbytes bytes, as vLLM's
+    ``swap_blocks(src, dst, block_size_in_bytes, mapping)`` addresses it (chunk i at byte
+    ``i * nbytes``): a whole block (nbytes = the block's size; the pool's own block stride is
+    used) or, for a pool whose blocks follow each other without gaps, an exact fraction of one
+    (vLLM's CPU offload copies GPU pages to and from CPU blocks of several pages that way).
+    Key = first half of each chunk's bytes, value = the second half."""
+    nb, stride, elems = _block_geometry(v, name)
+    block_bytes = elems * v.itemsize
+    if nbytes == block_bytes:
+        count, stride_bytes = nb, stride * v.itemsize
+    elif nbytes < block_bytes and block_bytes % nbytes == 0 and (nb <= 1 or stride == elems):
+        count, stride_bytes = nb * (block_bytes // nbytes), nbytes
+    else:
+        why = ("a whole block or an exact fraction of one" if nbytes > block_bytes or
+               block_bytes % nbytes else
+               "a whole block here (its blocks are %d bytes apart, not adjacent, so smaller "
+               "chunks would not follow each other)" % (stride * v.itemsize))
+        raise ValueError("swap_blocks: block_size_in_bytes = %d does not fit %s: its blocks (shape "
+                         "%s, dtype %s) hold %d bytes and block_size_in_bytes must be %s; blocks "
+                         "are never copied in part" % (nbytes, name, v.shape[1:], v.dtype_name(),
+                                                       block_bytes, why))
+    if nbytes % 2:
+        raise ValueError("swap_blocks: chunks of an odd number of bytes (%d) are not supported"
+                         % nbytes)
+    half = nbytes // 2
+    return _opaque_cache(v.ptr, v.ptr + half, _ITEM_DTYPE[1], count, stride_bytes, half)
+
+
+def swap_blocks(src, dst, block_size_in_bytes=None, block_mapping=None, *, backend=None):
     """Copies whole blocks from one pool to another, as vLLM's ``swap_blocks``
     (``dst[mapping[i, 1]] = src[mapping[i, 0]]``); call it once for keys and once for values.
 
+    Both of vLLM's forms are taken, told apart by the third argument's type:
+
+    - ``swap_blocks(src, dst, block_mapping)`` (vLLM before its v1 CPU offload): src and dst
+      hold blocks of the same shape, dtype and element order (their block counts may differ);
+      a block is ``src[i]`` (contiguous; any block stride).
+    - ``swap_blocks(src, dst, block_size_in_bytes, block_mapping)`` (current vLLM; an integer
+      third argument is the byte count): as vLLM's kernel does, block id i of a pool names the
+      ``block_size_in_bytes`` bytes at byte ``i * block_size_in_bytes``, copied as they are (the
+      pools' dtypes and shapes may differ, e.g. int8 byte views). The count must be the size of
+      one block of each pool (the pool's own block stride is then used), or an exact fraction
+      of a block in a pool whose blocks follow each other without gaps (vLLM's CPU offload
+      copies GPU pages into CPU blocks of several pages, the CPU ids counting pages). Any other
+      count is a ValueError: vLLM uses it as the block pitch too, so a smaller count is never
+      read as "copy a prefix of each block", which would address other memory than vLLM does.
+
     Args:
-        src, dst: pools ``[num_blocks, ...]`` with the same block shape, dtype and element
-            order (their block counts may differ) and contiguous blocks; blocks of an odd number
-            of bytes (1-byte elements, an odd count) are refused.
+        src, dst: pools ``[num_blocks, ...]`` with contiguous blocks; blocks (chunks) of an odd
+            number of bytes are refused.
         block_mapping: int64 ``[num_pairs, 2]`` of (src block, dst block); destinations distinct.
-        backend: optional backend name whose context runs the copy.
+        backend: keyword-only: optional backend name whose context runs the copy.
     """
+    if _is_byte_count(block_size_in_bytes):
+        if block_mapping is None:
+            raise TypeError("swap_blocks(src, dst, block_size_in_bytes, block_mapping): "
+                            "block_mapping is missing")
+        if isinstance(block_mapping, str):
+            raise TypeError("swap_blocks: block_mapping must be an array, got %r (backend is "
+                            "keyword-only: backend=%r)" % (block_mapping, block_mapping))
+        nbytes = int(block_size_in_bytes)
+        if nbytes < 1:
+            raise ValueError("swap_blocks: block_size_in_bytes must be >= 1, got %d" % nbytes)
+        sv, dv = A.view(src, "src"), A.view(dst, "dst", write=True)
+        if sv.shape[1:] == dv.shape[1:] and sv.itemsize == dv.itemsize:
+            _same_block_order(sv, dv, "src", "dst")
+        pairs = _pairs(block_mapping)
+        sc = _byte_chunk_cache(sv, "src", nbytes)
+        dc = _byte_chunk_cache(dv, "dst", nbytes)
+        _swap(sc, dc, pairs, backend)
+        return
+    if block_size_in_bytes is None:
+        if block_mapping is None:
+            raise TypeError("swap_blocks() needs block_mapping: swap_blocks(src, dst, "
+                            "block_mapping) or swap_blocks(src, dst, block_size_in_bytes, "
+                            "block_mapping)")
+    else:
+        if block_mapping is not None:
+            hint = (" (backend is keyword-only: backend=%r)" % (block_mapping,)
+                    if isinstance(block_mapping, str) else "")
+            raise TypeError("swap_blocks: the third argument is not an integer byte count, so it "
+                            "is the block mapping, and a fourth (%r) cannot follow it%s"
+                            % (block_mapping, hint))
+        block_mapping = block_size_in_bytes
     sv, dv = A.view(src, "src"), A.view(dst, "dst", write=True)
     if sv.shape[1:] != dv.shape[1:] or sv.itemsize != dv.itemsize or sv.kind != dv.kind:
         raise ValueError("src (shape %s, %s) and dst (shape %s, %s) must have the same block shape "
@@ -925,10 +1095,30 @@ def _swap(sc, dc, pairs, backend):
 
 # ---- merge --------------------------------------------------------------------------------------
 
+def _token_count(prefill_tokens_with_context, T):
+    """vLLM's prefill_tokens_with_context, checked: None means every token (T)."""
+    p = prefill_tokens_with_context
+    if p is None:
+        return T
+    if A.is_torch(p) or isinstance(p, np.ndarray):
+        if getattr(p, "ndim", None) == 0 or tuple(getattr(p, "shape", ())) == ():
+            p = p.item()
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)):
+        hint = (" (pagedattn's backend is keyword-only: backend=%r)" % (p,)
+                if isinstance(p, str) else "")
+        raise TypeError("prefill_tokens_with_context must be an int or None, got %r%s"
+                        % (p, hint))
+    p = int(p)
+    if not 0 <= p <= T:
+        raise ValueError("prefill_tokens_with_context must be in [0, num_tokens = %d], got %d"
+                         % (T, p))
+    return p
+
+
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None,
-                      backend=None):
+                      prefill_tokens_with_context=None, output_scale=None, *, backend=None):
     """Merges two partial attentions over disjoint key sets by their LSEs, as vLLM's
-    ``merge_attn_states`` (in place into ``output``).
+    ``merge_attn_states`` (in place into ``output``), with vLLM's argument order.
 
     Args:
         output: ``[num_tokens, num_heads, head_size]`` float32/float16/bfloat16 (written).
@@ -936,17 +1126,35 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         prefix_lse, suffix_lse: float32 ``[num_heads, num_tokens]`` natural-log LSEs; +inf is
             treated as -inf (an empty part).
         output_lse: optional float32 ``[num_heads, num_tokens]`` receiving the merged LSE.
-        backend: optional backend name whose context runs the merge.
+        prefill_tokens_with_context: None (every token is merged) or an int p in
+            ``[0, num_tokens]``: tokens ``0 .. p-1`` are merged; tokens ``p ..`` have no prefix
+            (vLLM's MLA prefill puts the requests without context last) and take
+            ``suffix_output`` verbatim, with ``output_lse = suffix_lse`` as given (an FA2-style
+            +inf included), whatever ``prefix_output``/``prefix_lse`` hold there, as vLLM's CUDA
+            kernel and Triton fallback do.
+        output_scale: vLLM's fp8 output quantization; only None is supported
+            (NotImplementedError otherwise).
+        backend: keyword-only: optional backend name whose context runs the merge.
 
-    Per (token, head): ``M = max(a, b)``, ``wa = exp(a - M)``, ``wb = exp(b - M)``,
+    Per merged (token, head): ``M = max(a, b)``, ``wa = exp(a - M)``, ``wb = exp(b - M)``,
     ``out = (out_a * wa + out_b * wb) / (wa + wb)``, ``lse = M + log(wa + wb)`` in IEEE
     arithmetic (a NaN LSE gives NaN out and lse; a part whose weight underflows to 0 still
     multiplies in, so a NaN in its output shows); a part whose lse is -inf is empty and adds
-    nothing, whatever its output holds; both parts empty gives out = 0 and lse = -inf.
+    nothing, whatever its output holds; both parts empty gives out = 0 and lse = -inf (vLLM's
+    CUDA kernel copies prefix_output there, which its callers leave at 0).
+
+    Returns ``output``. Raises ValueError for bad shapes/dtypes or a
+    ``prefill_tokens_with_context`` outside ``[0, num_tokens]``, TypeError for a non-integer one.
     """
+    if output_scale is not None:
+        raise NotImplementedError("merge_attn_states: output_scale (vLLM's fused fp8 "
+                                  "quantization of the merged output) is not supported: pagedattn "
+                                  "writes the output in the inputs' dtype; pass output_scale=None "
+                                  "and quantize afterwards")
     ov = A.float_view(output, "output", write=True)
     A.check_ndim(ov, "output", 3, "[num_tokens, num_heads, head_size]")
     T, H, D = ov.shape
+    P = _token_count(prefill_tokens_with_context, T)
     ins = []
     for x, n in ((prefix_output, "prefix_output"), (suffix_output, "suffix_output")):
         xv = A.float_view(x, n)
@@ -986,23 +1194,28 @@ def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_l
         else:
             tmp_lse = np.empty((H, T), dtype=np.float32)
             lse_target = A.view(tmp_lse, "output_lse")
-    args = L.pa_merge_args()
-    args.num_tokens, args.num_heads, args.head_size, args.dtype = T, H, D, ov.kind
-    args.out_a, args.out_b, args.out = ins[0].ptr, ins[1].ptr, target.ptr
-    fp = ctypes.POINTER(ctypes.c_float)
-    args.lse_a = ctypes.cast(ctypes.c_void_p(lses[0].ptr), fp)
-    args.lse_b = ctypes.cast(ctypes.c_void_p(lses[1].ptr), fp)
-    if lse_target is not None:
-        args.out_lse = ctypes.cast(ctypes.c_void_p(lse_target.ptr), fp)
-    args.lse_token_stride, args.lse_head_stride = 1, T
     if T == 0:
         return output
     ctx = _ctx_for(backend)
-    if ctx:
-        with ctx.lock:
-            L.check(L.lib.pa_merge_states(ctx.handle, ctypes.byref(args)), "merge_attn_states")
-    else:
-        L.check(L.lib.pa_merge_states(None, ctypes.byref(args)), "merge_attn_states")
+    if P > 0:  # the tokens with context: merged by the library (lse rows keep their stride T)
+        args = L.pa_merge_args()
+        args.num_tokens, args.num_heads, args.head_size, args.dtype = P, H, D, ov.kind
+        args.out_a, args.out_b, args.out = ins[0].ptr, ins[1].ptr, target.ptr
+        fp = ctypes.POINTER(ctypes.c_float)
+        args.lse_a = ctypes.cast(ctypes.c_void_p(lses[0].ptr), fp)
+        args.lse_b = ctypes.cast(ctypes.c_void_p(lses[1].ptr), fp)
+        if lse_target is not None:
+            args.out_lse = ctypes.cast(ctypes.c_void_p(lse_target.ptr), fp)
+        args.lse_token_stride, args.lse_head_stride = 1, T
+        if ctx:
+            with ctx.lock:
+                L.check(L.lib.pa_merge_states(ctx.handle, ctypes.byref(args)), "merge_attn_states")
+        else:
+            L.check(L.lib.pa_merge_states(None, ctypes.byref(args)), "merge_attn_states")
+    if P < T:  # the tokens without context: the suffix as it is
+        _attn.as_numpy(target)[P:] = _attn.as_numpy(ins[1])[P:]
+        if lse_target is not None:
+            _attn.as_numpy(lse_target)[:, P:] = _attn.as_numpy(lses[1])[:, P:]
     if tmp_out is not None:
         _attn.as_numpy(ov)[...] = tmp_out
     if tmp_lse is not None:

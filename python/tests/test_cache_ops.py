@@ -202,3 +202,109 @@ def test_swap_blocks_refuses_different_element_orders(backend, rng):
     np.testing.assert_array_equal(hnd[:, 0], src2[:, 3])
     pa.swap_blocks(src2[0], hnd[0], np.array([[0, 1]]))
     np.testing.assert_array_equal(hnd[0, 1], src2[0, 0])
+
+
+@pytest.mark.parametrize("name,dtype", [("bfloat16", "bfloat16"), ("float16", "float16"),
+                                        ("BFloat16", "bfloat16")])
+def test_unquantized_kv_cache_dtype_names(backend, rng, name, dtype):
+    """vLLM's kv_cache_dtype "bfloat16"/"float16" (CacheDType; its kernels read them as an
+    unquantized cache, like "auto") are taken where the cache has that dtype: the same bits as
+    "auto", in reshape_and_cache_flash, the paged flash_attn_varlen_func and the impl. Another
+    cache dtype (float16 under "bfloat16", uint8 fp8 codes) is a ValueError; nothing written."""
+    dt = DTYPES[dtype]
+    T, H, Hkv, D, nb, bs = 9, 4, 2, 32, 6, 4
+    key, value = randn(rng, (T, Hkv, D), dt), randn(rng, (T, Hkv, D), dt)
+    slots = rng.permutation(nb * bs)[:T].astype(np.int64)
+    kc, vc = np.zeros((nb, bs, Hkv, D), dt), np.zeros((nb, bs, Hkv, D), dt)
+    ka, va = kc.copy(), vc.copy()
+    pa.reshape_and_cache_flash(key, value, kc, vc, slots, name, 1.0, 1.0)
+    pa.reshape_and_cache_flash(key, value, ka, va, slots, "auto")
+    np.testing.assert_array_equal(kc.view(np.uint8), ka.view(np.uint8))
+    np.testing.assert_array_equal(vc.view(np.uint8), va.view(np.uint8))
+    other = np.dtype(np.float16) if dtype == "bfloat16" else DTYPES["bfloat16"]
+    for bad in (np.zeros((nb, bs, Hkv, D), other), np.zeros((nb, bs, Hkv, D), np.uint8)):
+        with pytest.raises(ValueError, match="kv_cache_dtype"):
+            pa.reshape_and_cache_flash(key.astype(other) if bad.dtype == other else key,
+                                       value.astype(other) if bad.dtype == other else value,
+                                       bad, bad.copy(), slots, name)
+        assert not bad.view(np.uint8).any()
+    # attention over that cache
+    q = randn(rng, (3, H, D), dt)
+    bt = np.arange(nb, dtype=np.int32).reshape(1, nb)
+    kw = dict(max_seqlen_q=3, cu_seqlens_q=np.array([0, 3], np.int32), max_seqlen_k=T,
+              seqused_k=np.array([T], np.int32), block_table=bt, causal=True, backend=backend)
+    got = pa.flash_attn_varlen_func(q, kc, vc, kv_cache_dtype=name, **kw)
+    want = pa.flash_attn_varlen_func(q, kc, vc, **kw)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    # vLLM's impl and backend queries
+    be = pa.get_attn_backend(backend)
+    assert be.supports_kv_cache_dtype(name.lower())
+    assert not be.validate_configuration(D, dt, name.lower(), bs)
+    impl = be.get_impl_cls()(H, D, D ** -0.5, Hkv, kv_cache_dtype=name)
+    ref_impl = be.get_impl_cls()(H, D, D ** -0.5, Hkv)
+    md = be.make_metadata_builder(bs).build(seq_lens=[T], query_lens=[T], block_tables=[[4, 1, 0]])
+    x = randn(rng, (T, H * D), dt)
+    kn, vn = randn(rng, (T, Hkv * D), dt), randn(rng, (T, Hkv * D), dt)
+    c1, c2 = np.zeros((2, nb, bs, Hkv, D), dt), np.zeros((2, nb, bs, Hkv, D), dt)
+    o1 = impl.forward(x, kn, vn, c1, md)
+    o2 = ref_impl.forward(x, kn, vn, c2, md)
+    np.testing.assert_array_equal(o1.view(np.uint8), o2.view(np.uint8))
+    np.testing.assert_array_equal(c1.view(np.uint8), c2.view(np.uint8))
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        impl.forward(x.astype(other), kn.astype(other), vn.astype(other),
+                     np.zeros((2, nb, bs, Hkv, D), other), md)
+
+
+def test_swap_blocks_vllm_byte_count_form(rng):
+    """Current vLLM's swap_blocks(src, dst, block_size_in_bytes, block_mapping) (its v1 CPU
+    offload worker) beside the older (src, dst, block_mapping): the same copy when the count
+    is a block's size; other counts follow vLLM's addressing (chunk i at byte i * count) or are
+    refused, never a partial copy."""
+    nb, bs, H, D = 6, 4, 2, 8
+    dt = DTYPES["bfloat16"]
+    # an HND cache viewed as [nb, bs, H, D] (vLLM's allocation), keys of a [2, ...] cache
+    src = randn(rng, (2, nb, H, bs, D), dt).transpose(0, 1, 3, 2, 4)
+    dst = np.zeros((2, nb, H, bs, D), dt).transpose(0, 1, 3, 2, 4)
+    old = np.zeros_like(dst)
+    m = np.array([[1, 5], [3, 0]], np.int64)
+    nbytes = bs * H * D * dt.itemsize
+    pa.swap_blocks(src[0], dst[0], nbytes, m)
+    pa.swap_blocks(src[0], old[0], m)
+    np.testing.assert_array_equal(dst.view(np.uint16), old.view(np.uint16))
+    np.testing.assert_array_equal(dst[0, 5].view(np.uint16), src[0, 1].view(np.uint16))
+    # keywords, a numpy integer count, the old form by keyword
+    d2 = np.zeros_like(dst)
+    pa.swap_blocks(src[1], d2[1], block_size_in_bytes=np.int64(nbytes), block_mapping=m)
+    pa.swap_blocks(src[0], d2[0], block_mapping=m)
+    np.testing.assert_array_equal(d2[:, 5].view(np.uint16), src[:, 1].view(np.uint16))
+    # vLLM's offload layout: int8 byte views, CPU blocks of 2 GPU pages, CPU ids count pages
+    gpu = rng.integers(-128, 128, (nb, nbytes), dtype=np.int8)
+    cpu = np.zeros((3, 2 * nbytes), np.int8)
+    pa.swap_blocks(gpu, cpu, nbytes, np.array([[4, 3], [0, 0]], np.int64))
+    np.testing.assert_array_equal(cpu[1, nbytes:], gpu[4])
+    np.testing.assert_array_equal(cpu[0, :nbytes], gpu[0])
+    assert not cpu[0, nbytes:].any() and not cpu[1, :nbytes].any() and not cpu[2].any()
+    back = np.zeros_like(gpu)
+    pa.swap_blocks(cpu, back, nbytes, np.array([[3, 2]], np.int64))
+    np.testing.assert_array_equal(back[2], gpu[4])
+    # a count that is not a block's size (nor, over adjacent blocks, an exact fraction) is
+    # refused before anything is written
+    d3 = np.zeros_like(dst)
+    for bad in (nbytes - 2, nbytes + 2, 2 * nbytes, 0):
+        with pytest.raises(ValueError, match="block_size_in_bytes"):
+            pa.swap_blocks(src[0], d3[0], bad, m)
+    strided = np.zeros((nb, 2, H, bs, D), dt)[:, 0].transpose(0, 2, 1, 3)  # blocks apart
+    with pytest.raises(ValueError, match="block_size_in_bytes"):
+        pa.swap_blocks(src[0], strided, nbytes // 2, m)
+    pa.swap_blocks(src[0], strided, nbytes, m)  # whole blocks at their own stride
+    np.testing.assert_array_equal(strided[5].view(np.uint16), src[0, 1].view(np.uint16))
+    assert not d3.view(np.uint16).any()
+    # ambiguous or incomplete calls are TypeErrors; backend is keyword-only
+    with pytest.raises(TypeError):
+        pa.swap_blocks(src[0], d3[0], nbytes)
+    with pytest.raises(TypeError, match="keyword-only"):
+        pa.swap_blocks(src[0], d3[0], m, "cpu")
+    with pytest.raises(TypeError):
+        pa.swap_blocks(src[0], d3[0])
+    pa.swap_blocks(src[0], d3[0], nbytes, m, backend=pa.available_backends()[0])
+    np.testing.assert_array_equal(d3[0, 0].view(np.uint16), src[0, 3].view(np.uint16))

@@ -1,5 +1,7 @@
 """Argument errors: the right exception type, the library's reason text, and nothing written."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -454,3 +456,31 @@ def test_new_key_rows_must_match_the_tokens(rng):
     with pytest.raises(ValueError, match="rows for 4 encoder tokens"):
         impl.forward(randn(rng, (4, H * D), np.float16), randn(rng, (2, Hkv * D), np.float16),
                      randn(rng, (2, Hkv * D), np.float16), None, md)
+
+
+def test_device_and_internal_statuses_are_runtime_errors_and_documented():
+    """DEVICE_ERROR and INTERNAL (and an unknown status) become RuntimeError; the README's
+    Python section and the docstrings say so beside ValueError, NotImplementedError and
+    MemoryError."""
+    from pagedattn import _lib
+    want = {"INVALID_ARGUMENT": ValueError, "UNSUPPORTED": NotImplementedError,
+            "UNAVAILABLE": NotImplementedError, "OUT_OF_MEMORY": MemoryError,
+            "DEVICE_ERROR": RuntimeError, "INTERNAL": RuntimeError}
+    codes = {name: code for code, name in _lib.STATUS_NAMES.items()}
+    for name, exc in want.items():
+        e = _lib.make_error(codes[name], "here")
+        assert isinstance(e, exc) and isinstance(e, pa.PagedAttnError), name
+        assert e.status_name == name
+    assert isinstance(_lib.make_error(99, "here"), RuntimeError)
+    for doc in (pa.flash_attn_varlen_func.__doc__, pa.PagedAttnError.__doc__):
+        assert "RuntimeError" in doc and "DEVICE_ERROR" in doc and "INTERNAL" in doc
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in (os.path.join(root, "README.md"), os.path.join(root, "python", "README.md")):
+        if not os.path.exists(path):
+            continue
+        text = open(path, encoding="utf-8").read()
+        python = text[text.index("## Python"):] if "## Python" in text else text
+        errors = [p for p in python.split("\n\n") if "MemoryError" in p]
+        assert errors, path
+        assert all("RuntimeError" in p and "DEVICE_ERROR" in p and "INTERNAL" in p
+                   for p in errors), path

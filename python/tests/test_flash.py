@@ -750,3 +750,55 @@ def test_flash_attn_negative_softcap_and_window_sides(backend, rng):
     half = pa.flash_attn_func(q, k, v, causal=True, window_size=(2, -5), backend=backend)
     want = pa.flash_attn_func(q, k, v, causal=True, window_size=(2, -1), backend=backend)
     np.testing.assert_array_equal(half, want)
+
+
+def test_varlen_fork_keywords_and_positional_order(backend, rng):
+    """vllm_flash_attn's flash_attn_varlen_func keywords at their neutral values (q_v,
+    output_scale, context parallelism, FA4's masks, tuning knobs) are accepted and change
+    nothing; other values are NotImplementedError. Positional arguments follow the fork's order
+    (..., seqused_k, q_v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+    deterministic, return_attn_probs, block_table, return_softmax_lse, out, ...), while
+    upstream FlashAttention 2's order (cu_seqlens first) is still recognized."""
+    H, Hkv, D, n = 4, 2, 16, 7
+    dt = np.dtype(np.float32)
+    q, k, v = randn(rng, (n, H, D), dt), randn(rng, (n, Hkv, D), dt), randn(rng, (n, Hkv, D), dt)
+    cu = np.array([0, 3, n], np.int32)
+    sl = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
+    base = dict(causal=True, backend=backend)
+    want, want_lse = pa.flash_attn_varlen_func(q, k, v, 4, cu, 4, cu, softmax_scale=0.3,
+                                               window_size=(2, 0), alibi_slopes=sl,
+                                               return_softmax_lse=True, **base)
+    neutral = dict(q_v=None, output_scale=None, cp_world_size=1, cp_rank=0,
+                   cp_tot_seqused_k=None, mask_mod=None, block_sparse_tensors=None,
+                   aux_tensors=None, aux_tensor_leading_dims=None, dynamic_causal=None,
+                   scheduler_metadata=None, num_splits=0, fa_version=3, deterministic=False)
+    got = pa.flash_attn_varlen_func(q, k, v, 4, cu, 4, cu, softmax_scale=0.3, window_size=(2, 0),
+                                    alibi_slopes=sl, **neutral, **base)
+    np.testing.assert_array_equal(got, want)
+    for key, val in (("q_v", q), ("output_scale", np.ones(1, np.float32)), ("cp_world_size", 2),
+                     ("cp_rank", 1), ("cp_tot_seqused_k", np.array([3, 4], np.int32)),
+                     ("mask_mod", object()), ("aux_tensors", [q]), ("dynamic_causal", cu)):
+        with pytest.raises(NotImplementedError, match=key):
+            pa.flash_attn_varlen_func(q, k, v, 4, cu, 4, cu, **{key: val}, **base)
+    # the fork's positional order, up to out
+    out = np.empty_like(q)
+    r = pa.flash_attn_varlen_func(q, k, v, 4, cu, 4, cu, None, None, 0.0, 0.3, True, (2, 0),
+                                  0.0, sl, False, False, None, True, out, backend=backend)
+    assert r[0] is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(r[1], want_lse)
+    with pytest.raises(TypeError):  # pagedattn's own arguments are keyword-only
+        pa.flash_attn_varlen_func(q, k, v, 4, cu, 4, cu, *([None] * 29), "auto")
+    # upstream FlashAttention 2's positional order (dropout_p, softmax_scale, causal,
+    # window_size, softcap, alibi_slopes after max_seqlen_k) gives the same result
+    got = pa.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, 0.0, 0.3, True, (2, 0), 0.0, sl,
+                                    backend=backend)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(TypeError):
+        pa.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, 0.0, softmax_scale=0.3, dropout_p=0.0)
+    import inspect
+    params = list(inspect.signature(pa.flash_attn_varlen_func).parameters)
+    assert params[:20] == ["q", "k", "v", "max_seqlen_q", "cu_seqlens_q", "max_seqlen_k",
+                           "cu_seqlens_k", "seqused_k", "q_v", "dropout_p", "softmax_scale",
+                           "causal", "window_size", "softcap", "alibi_slopes", "deterministic",
+                           "return_attn_probs", "block_table", "return_softmax_lse", "out"]

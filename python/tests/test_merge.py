@@ -51,3 +51,56 @@ def test_merge_splits_of_attention(rng):
     pa.merge_attn_states(out, oa, la, ob, lb, lse)
     np.testing.assert_allclose(out, whole, atol=2e-5)
     np.testing.assert_allclose(lse, wl, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_merge_vllm_signature_tokens_without_context(backend, rng, dtype):
+    """vLLM's merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
+    output_lse=None, prefill_tokens_with_context=None, output_scale=None), positional or by
+    keyword: tokens from prefill_tokens_with_context on take suffix_output verbatim and
+    output_lse = suffix_lse as given (vLLM's CUDA kernel and Triton fallback), the others are
+    merged; output_scale (fp8 output) is NotImplementedError; backend stays keyword-only."""
+    dt = DTYPES[dtype]
+    T, H, D, P = 12, 3, 16, 9
+    po, so = randn(rng, (T, H, D), dt), randn(rng, (T, H, D), dt)
+    pl = rng.standard_normal((H, T)).astype(np.float32)
+    sl = rng.standard_normal((H, T)).astype(np.float32)
+    pl[:, P:] = np.nan  # garbage where there is no prefix: never read
+    sl[0, T - 1] = np.inf  # an FA2-style +inf on the suffix side is passed through there
+    full, full_lse = np.empty((T, H, D), dt), np.empty((H, T), np.float32)
+    pa.merge_attn_states(full, po, np.nan_to_num(pl, nan=-np.inf), so, sl, full_lse,
+                         backend=backend)
+    for call in ("positional", "keyword"):
+        out = np.full((T, H, D), np.nan, np.float32).astype(dt)
+        lse = np.full((H, T), np.nan, np.float32)
+        if call == "positional":
+            r = pa.merge_attn_states(out, po, pl, so, sl, lse, P, None, backend=backend)
+        else:
+            r = pa.merge_attn_states(output=out, prefix_output=po, prefix_lse=pl,
+                                     suffix_output=so, suffix_lse=sl, output_lse=lse,
+                                     prefill_tokens_with_context=P, output_scale=None,
+                                     backend=backend)
+        assert r is out
+        np.testing.assert_array_equal(out[:P].view(np.uint8), full[:P].view(np.uint8))
+        np.testing.assert_array_equal(lse[:, :P], full_lse[:, :P])
+        np.testing.assert_array_equal(out[P:].view(np.uint8), so[P:].view(np.uint8))
+        np.testing.assert_array_equal(lse[:, P:], sl[:, P:])
+        assert lse[0, T - 1] == np.inf
+    # None and num_tokens merge every token; 0 copies every token
+    for p in (None, T):
+        out = np.empty((T, H, D), dt)
+        pa.merge_attn_states(out, po, np.nan_to_num(pl, nan=-np.inf), so, sl, None, p, None)
+        np.testing.assert_array_equal(out.view(np.uint8), full.view(np.uint8))
+    out = np.empty((T, H, D), dt)
+    pa.merge_attn_states(out, po, pl, so, sl, None, np.int32(0))
+    np.testing.assert_array_equal(out.view(np.uint8), so.view(np.uint8))
+    # errors, nothing written
+    out = np.zeros((T, H, D), dt)
+    for bad, exc in ((T + 1, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(exc, match="prefill_tokens_with_context"):
+            pa.merge_attn_states(out, po, pl, so, sl, None, bad)
+    with pytest.raises(TypeError, match="keyword-only"):
+        pa.merge_attn_states(out, po, pl, so, sl, None, backend)
+    with pytest.raises(NotImplementedError, match="output_scale"):
+        pa.merge_attn_states(out, po, pl, so, sl, None, None, np.ones(1, np.float32))
+    assert not out.view(np.uint8).any()

@@ -273,3 +273,41 @@ def test_torch_impl_forward_strided_inputs(backend):
             res.append((impl.forward(a, b, c, cache, md), cache))
         assert torch.equal(res[0][0].reshape(T, -1), res[1][0].reshape(T, -1)), name
         assert torch.equal(res[0][1], res[1][1]), name
+
+
+def test_torch_vllm_current_call_forms(backend):
+    """vLLM's current calls on torch tensors: kv_cache_dtype "bfloat16" over a bf16 cache,
+    merge_attn_states with prefill_tokens_with_context (its 7th positional argument), and
+    swap_blocks(src, dst, block_size_in_bytes, mapping) over int8 byte views of GPU pages and
+    CPU blocks of two pages (vLLM's CPU offload worker)."""
+    g = torch.Generator().manual_seed(5)
+    T, H, Hkv, D, bs, nb = 6, 4, 2, 16, 4, 4
+    phys = torch.zeros(2, nb, Hkv, bs, D, dtype=torch.bfloat16)  # vLLM's allocation
+    kc = phys.permute(0, 1, 3, 2, 4)
+    key = torch.randn(T, Hkv, D, generator=g).to(torch.bfloat16)
+    slots = torch.tensor([0, 5, -1, 9, 10, 15])
+    pa.reshape_and_cache_flash(key, key, kc[0], kc[1], slots, "bfloat16", torch.tensor(1.0),
+                               torch.tensor(1.0))
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(kc[0, s // bs, s % bs], key[t])
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        pa.reshape_and_cache_flash(key.half(), key.half(), kc[0].half(), kc[1].half(), slots,
+                                   "bfloat16")
+    # merge: the last 2 tokens have no context
+    po, so = (torch.randn(T, H, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    pl, sl = torch.randn(H, T, generator=g), torch.randn(H, T, generator=g)
+    out, lse = torch.empty(T, H, D, dtype=torch.bfloat16), torch.empty(H, T)
+    pa.merge_attn_states(out, po, pl, so, sl, lse, T - 2, None, backend=backend)
+    full, full_lse = torch.empty_like(out), torch.empty_like(lse)
+    pa.merge_attn_states(full, po, pl, so, sl, full_lse)
+    assert torch.equal(out[:T - 2], full[:T - 2])
+    assert torch.equal(lse[:, :T - 2], full_lse[:, :T - 2])
+    assert torch.equal(out[T - 2:], so[T - 2:]) and torch.equal(lse[:, T - 2:], sl[:, T - 2:])
+    # swap_blocks over byte views, CPU block ids counting pages
+    page = kc[0, 0].numel() * kc.element_size()
+    gpu = phys.view(torch.int8).view(2 * nb, page)  # (the 2 halves' blocks, as one pool)
+    cpu = torch.zeros(3, 2 * page, dtype=torch.int8)
+    pa.swap_blocks(gpu, cpu, page, torch.tensor([[1, 1], [2, 5]]), backend=backend)
+    assert torch.equal(cpu[0, page:], gpu[1]) and torch.equal(cpu[2, page:], gpu[2])
+    assert not cpu[0, :page].any() and not cpu[1].any()
