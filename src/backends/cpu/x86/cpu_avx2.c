@@ -332,18 +332,23 @@ static float a2_row_max(const float *s, int n)
  * once: the same bits as p times 2^n wherever the result is normal. (Until 2026-11-30 inputs
  * were clamped at -87.3, so a key more than 87.3 below its row's maximum weighed 2^-126: an
  * independent oracle found it, bench/NOTES.md, thirty-sixth pass.) Inputs below -104 give 0
- * (the caller zeroes -inf lanes). */
-static inline __m256 exp8(__m256 x)
+ * (the caller zeroes -inf lanes).
+ * With sh > 0 (a constant; 64: a softmax weight, p_exp in cpu.h): 2^sh exp(x) for x down to
+ * -131, +0 below (and for NaN), p 2^(n + sh) with Cephes' own coefficients: wherever exp(x) is
+ * an fp32 normal, exactly 2^sh times the unshifted value, and never a subnormal. */
+static inline __attribute__((always_inline)) __m256 exp8k(__m256 x, const int sh)
 {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+    const __m256 keep = sh ? _mm256_cmp_ps(x, _mm256_set1_ps(-131.0f), _CMP_GE_OQ) : _mm256_setzero_ps();
+    x = _mm256_max_ps(x, _mm256_set1_ps(sh ? -131.0f : -104.0f));
     x = _mm256_min_ps(x, _mm256_setzero_ps());
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
     /* the polynomial with every coefficient (and the 1 of r + 1) 2^-64 times Cephes', exact
-     * powers of two: each step's result is 2^-64 times the unscaled one's, bit for bit */
-    const float u = 0x1p-64f;
+     * powers of two: each step's result is 2^-64 times the unscaled one's, bit for bit (sh:
+     * Cephes' own) */
+    const float u = sh ? 1.0f : 0x1p-64f;
     __m256 p = _mm256_set1_ps(1.9875691500E-4f * u);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f * u));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f * u));
@@ -351,15 +356,28 @@ static inline __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f * u));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f * u));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_fmadd_ps(r, _mm256_set1_ps(u), _mm256_set1_ps(u)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127 + 64)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127 + (sh ? sh : 64))), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return sh ? _mm256_and_ps(y, keep) : y;
 }
 
-/* p[0..8) = exp(p - m), masked (-inf) entries -0; returns them */
-static inline __attribute__((always_inline)) __m256 exp8_store(float *p, __m256 vm, __m256 ninf)
+static inline __m256 exp8(__m256 x) { return exp8k(x, 0); }
+
+/* The exponent of this table's softmax weights (p_exp): 2^64 exp(s - m) */
+#define PA__A2_P_EXP 64
+
+/* One weight 2^sh exp(x) by expf (exp_row's tail): exact scaling wherever expf(x) is normal,
+ * +0 below -131 as exp8k */
+static inline float exp1k(float x, const int sh)
+{
+    return sh ? (x < -131.0f ? 0.0f : ldexpf(expf(x), sh)) : expf(x);
+}
+
+/* p[0..8) = the weights exp8k(p - m, sh), masked (-inf) entries -0; returns them */
+static inline __attribute__((always_inline)) __m256 exp8_store(float *p, __m256 vm, __m256 ninf, const int sh)
 {
     __m256 x = _mm256_loadu_ps(p);
-    __m256 e = exp8(_mm256_sub_ps(x, vm));
+    __m256 e = exp8k(_mm256_sub_ps(x, vm), sh);
     e = _mm256_blendv_ps(e, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
     _mm256_storeu_ps(p, e);
     return e;
@@ -369,16 +387,16 @@ static inline __attribute__((always_inline)) __m256 exp8_store(float *p, __m256 
  * step: their exp8 chains are independent, and written side by side the core's scheduler finds
  * the second one's work while the first waits on its latency (the sums in the same order as one
  * vector at a time). */
-static inline __attribute__((always_inline)) __m256 exp_row_acc(float *s, int n, __m256 vm)
+static inline __attribute__((always_inline)) __m256 exp_row_acc(float *s, int n, __m256 vm, const int sh)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 e0 = exp8_store(s + i, vm, ninf), e1 = exp8_store(s + i + 8, vm, ninf);
+        __m256 e0 = exp8_store(s + i, vm, ninf, sh), e1 = exp8_store(s + i + 8, vm, ninf, sh);
         acc = _mm256_add_ps(_mm256_add_ps(acc, e0), e1);
     }
-    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8_store(s + i, vm, ninf));
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8_store(s + i, vm, ninf, sh));
     return acc;
 }
 
@@ -427,16 +445,20 @@ static inline float hsum1_tree(__m256 a)
     return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
-static float a2_exp_row(float *s, int n, float m)
+static inline __attribute__((always_inline)) float exp_row_k(float *s, int n, float m, const int sh)
 {
-    float sum = hsum1_tree(exp_row_acc(s, n, _mm256_set1_ps(m)));
+    float sum = hsum1_tree(exp_row_acc(s, n, _mm256_set1_ps(m), sh));
     for (int i = n / 8 * 8; i < n; i++) {
-        float e = s[i] == -INFINITY ? -0.0f : expf(s[i] - m);
+        float e = s[i] == -INFINITY ? -0.0f : exp1k(s[i] - m, sh);
         s[i] = e;
         sum += e;
     }
     return sum;
 }
+
+static float a2_exp_row(float *s, int n, float m) { return exp_row_k(s, n, m, PA__A2_P_EXP); }
+
+static float a2_exp_row_unscaled(float *s, int n, float m) { return exp_row_k(s, n, m, 0); }
 
 /* hsum8's tree with max for +: [max a0, ..., max a7] */
 static inline __m256 hmax8(const __m256 *a)
@@ -466,7 +488,8 @@ static bool a2_any_neg_inf(const float *s, int lds, int nr, int nc)
 /* softmax_rows (cpu.h): the rows 8 at a time, their maxima by hmax8 and their sums by hsum8
  * (one tree per 8 rows where row_max and exp_row reduce each row on its own); tiles whose width
  * is not a multiple of 8 (exp_row's scalar tail) are declined to the driver's loop. */
-static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+static inline __attribute__((always_inline)) bool softmax_rows_k(float *s, int lds, int nr, int nc, float *m,
+                                                                  float *l, float *alpha, const int sh)
 {
     if (nr < 1 || nr > CPU_ROWS || nc < 8 || nc > CPU_KT || nc % 8) return false;
     float mn[CPU_ROWS];
@@ -497,7 +520,7 @@ static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         for (int i = 0; i < 8; i++) {
             /* max(mx, m): m where equal, as the driver's "mx > m ? mx : m" */
             mr[i] = i < g ? (mn[r0 + i] > m[r0 + i] ? mn[r0 + i] : m[r0 + i]) : 0.0f;
-            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm256_set1_ps(mr[i])) : _mm256_setzero_ps();
+            acc[i] = i < g ? exp_row_acc(s + (size_t)(r0 + i) * lds, nc, _mm256_set1_ps(mr[i]), sh) : _mm256_setzero_ps();
         }
         _mm256_storeu_ps(sum, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
         for (int i = 0; i < g; i++) {
@@ -509,6 +532,16 @@ static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *
         }
     }
     return true;
+}
+
+static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__A2_P_EXP);
+}
+
+static bool a2_softmax_rows_unscaled(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
+{
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, 0);
 }
 
 /* PA__CPU_E4M3F (cpu.h), E4M3 rows known to hold no NaN byte: the decode kernels convert them
@@ -1407,6 +1440,9 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->row_max = a2_row_max;
     k->exp_row = a2_exp_row;
     k->softmax_rows = a2_softmax_rows;
+    k->p_exp = PA__A2_P_EXP;
+    k->exp_row_unscaled = a2_exp_row_unscaled;
+    k->softmax_rows_unscaled = a2_softmax_rows_unscaled;
     k->any_neg_inf = a2_any_neg_inf;
     k->softcap_rows = a2_softcap_rows;
     k->pv = a2_pv;
