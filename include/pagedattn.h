@@ -151,7 +151,8 @@ PA_API size_t pa_dtype_size(pa_dtype dtype);
 /* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"; NULL for an invalid dtype. */
 PA_API const char *pa_dtype_name(pa_dtype dtype);
 /* Parses the names above and the aliases "float32", "float16", "half", "bfloat16", "fp8" (=
- * e4m3, as in vLLM), "e4m3", "e5m2". INVALID_ARGUMENT for anything else. */
+ * e4m3, as in vLLM), "e4m3", "e5m2". INVALID_ARGUMENT for anything else; NULL_POINTER for a
+ * NULL name or out. */
 PA_API pa_status pa_dtype_parse(const char *name, pa_dtype *out);
 
 /* Scalar conversions. Narrowing rounds to nearest, ties to even; NaN stays NaN (sign kept);
@@ -169,7 +170,8 @@ PA_API uint8_t pa_f32_to_fp8e5m2(float f);
 
 /* Converts n elements of src_dtype into dst_dtype. Into fp8 the value is first divided by scale
  * (quantization: quant(x / scale)); out of fp8 it is multiplied by scale after decoding
- * (dequantization); fp8 to fp8 and pairs without fp8 ignore scale. src and dst must not overlap.
+ * (dequantization); fp8 to fp8 and pairs without fp8 ignore its value (it must still be finite
+ * and > 0). src and dst must not overlap.
  * INVALID_ARGUMENT for a bad dtype, a non-finite or non-positive scale, or overlapping buffers;
  * NULL_POINTER for NULL buffers with n > 0; OVERFLOW if n elements exceed the address space. */
 PA_API pa_status pa_convert(pa_dtype dst_dtype, void *dst, pa_dtype src_dtype, const void *src,
@@ -281,7 +283,12 @@ typedef enum pa_memory {
  *        block_stride = H*block_size*D, token_stride = D, head_stride = block_size*D
  *   K/V interleaved [num_blocks, 2, ...] (FlashInfer): value = key + block_size*H*D and a
  *        block_stride of 2*block_size*H*D.
- * The strides must map distinct (b, t, h, d) to distinct elements. */
+ * The strides must nest: with the dimensions of extent > 1 sorted by stride (the head_size dims
+ * at stride 1), each stride at least the span of the dimensions inside it, so that distinct
+ * (b, t, h, d) lie at distinct elements. Every dense or padded layout, and the interleaved one,
+ * nests; stride sets that interleave dimensions are refused (INVALID_ARGUMENT) even where they
+ * happen to address distinct elements (e.g. 2 tokens x 3 heads x 1 dim at token stride 3, head
+ * stride 2). */
 typedef struct pa_cache {
     void *key;              /* key pool base, dtype `dtype` */
     void *value;            /* value pool base, dtype `dtype` */
@@ -303,15 +310,17 @@ typedef enum pa_cache_layout {
 
 /* Fills the geometry and contiguous strides of `layout` (key/value left NULL, memory HOST).
  * INVALID_ARGUMENT for non-positive sizes or a bad dtype/layout; OVERFLOW if the pool's element
- * count does not fit int64. */
+ * count exceeds 2^60 (the limit every cache view has: its byte size at up to 8 bytes per element
+ * fits an int64). */
 PA_API pa_status pa_cache_init(pa_cache *cache, pa_cache_layout layout, pa_dtype dtype,
                                int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                                int32_t head_size);
-/* Elements one pool spans: the largest addressed element + 1. */
+/* Elements one pool spans: the largest addressed element + 1; -1 for NULL, a size below 1 or a
+ * span beyond 2^60 elements. */
 PA_API int64_t pa_cache_pool_elems(const pa_cache *cache);
 /* Checks a cache view as every call that takes one does, touching no memory: pools not NULL, a
- * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span fits (OVERFLOW otherwise), and
- * distinct (block, token, head, dim) at distinct elements (INVALID_ARGUMENT otherwise). A
+ * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span is at most 2^60 elements
+ * (OVERFLOW otherwise), and nested strides (see pa_cache; INVALID_ARGUMENT otherwise). A
  * dimension of extent 1 may have any stride >= 0. The two pools may share memory (value = key
  * reads V = K); every call that writes a cache (pa_cache_write, the destinations of
  * pa_cache_copy_blocks and pa_cache_swap_blocks, a forward given new k/v) also requires that no
@@ -401,8 +410,9 @@ typedef struct pa_batch_metadata {
 typedef struct pa_batch pa_batch;
 
 /* Builds and validates a batch of num_seqs sequences (>= 1). Checks: lengths non-negative and
- * within int32, query_len >= 1, prefills before decodes, every block id in [0, num_blocks),
- * every table long enough for its sequence, every slot (derived or given) in the pool or -1,
+ * within int32, query_len >= 1, prefills before decodes, every block id a sequence uses in [0,
+ * num_blocks) (the table entries its keys cover; entries past them are never read and may hold
+ * anything, as vLLM's padded tables do), every table long enough for its sequence, every slot (derived or given) in the pool or -1,
  * no slot written twice in one step (within the batch's slot mapping, and within its cross
  * slot mapping). Errors: NULL_POINTER, INVALID_ARGUMENT, OUT_OF_RANGE, OVERFLOW,
  * OUT_OF_MEMORY. The batch copies everything it needs. */
@@ -438,7 +448,11 @@ PA_API const pa_backend *pa_backend_at(int index); /* NULL if out of range */
 PA_API const pa_backend *pa_backend_find(const char *name); /* NULL if none */
 PA_API const char *pa_backend_name(const pa_backend *backend);
 PA_API const char *pa_backend_description(const pa_backend *backend);
-/* Whether the backend can run on this machine; if not, why (reason may be NULL). */
+/* Whether the backend can run on this machine and in this build; if not, why (reason may be
+ * NULL). A backend's environment settings (the cpu backend's PAGEDATTN_CPU_ISA and
+ * PAGEDATTN_CPU_FP8) are not asked here: a setting that cannot run here makes pa_context_create
+ * fail (UNAVAILABLE or INVALID_ARGUMENT, with the reason) rather than the automatic choice move
+ * on to another backend; `pagedattn info` shows both. */
 PA_API int pa_backend_available(const pa_backend *backend, char *reason, size_t reason_size);
 /* The layout the backend reads fastest (vLLM's get_kv_cache_shape). Any layout is accepted. */
 PA_API pa_cache_layout pa_backend_preferred_layout(const pa_backend *backend);
@@ -482,7 +496,8 @@ typedef struct pa_context pa_context;
 #define PA_MAX_THREADS 1024
 
 typedef struct pa_context_options {
-    int32_t num_threads; /* cpu: worker threads, 0..PA_MAX_THREADS (0 = online cores); others ignore it */
+    int32_t num_threads; /* 0..PA_MAX_THREADS for every backend (else INVALID_ARGUMENT); cpu: worker
+                            threads (0 = online cores); others ignore the value */
     int32_t device;      /* cuda: device ordinal */
     void *stream;        /* cuda: a cudaStream_t to run on (NULL = the context's own stream) */
 } pa_context_options;
@@ -493,7 +508,7 @@ PA_API pa_status pa_context_create(const pa_backend *backend, const pa_context_o
 PA_API void pa_context_destroy(pa_context *ctx);
 PA_API const pa_backend *pa_context_backend(const pa_context *ctx);
 /* cpu: resizes the thread pool (0 = online cores; at most PA_MAX_THREADS). Other backends accept
- * and ignore it. */
+ * and ignore a count in that range; outside it is INVALID_ARGUMENT for every backend. */
 PA_API pa_status pa_context_set_num_threads(pa_context *ctx, int32_t num_threads);
 PA_API int32_t pa_context_num_threads(const pa_context *ctx);
 /* Waits for work queued on the context to finish (cuda); a no-op on host backends. */
@@ -514,7 +529,8 @@ PA_API void pa_plan_destroy(pa_plan *plan);
 /* The tensors of one forward call. Token rows: element (token i, head h, dim d) of q sits at
  * q[i * q_row_stride + h * head_size + d] (heads and dims contiguous), so q, k and v may be
  * views into one fused QKV buffer. A row stride of 0 means contiguous (heads * head_size); one
- * below a row is INVALID_ARGUMENT, one whose last row ends beyond 2^63 bytes OVERFLOW. */
+ * below a row is INVALID_ARGUMENT, one whose last row ends beyond 2^63 bytes counted at 4 bytes
+ * per element (whatever the dtype: a limit no real buffer nears) OVERFLOW. */
 typedef struct pa_forward_args {
     const void *q;        /* [num_tokens, num_heads, head_size], layer q_dtype */
     int64_t q_row_stride;
@@ -536,7 +552,9 @@ typedef struct pa_forward_args {
     /* Optional LSE, fp32: lse[i * lse_token_stride + h * lse_head_stride] for token i, head h.
      * NULL: not written. Both strides 0: [num_tokens, num_heads] contiguous. FlashAttention's
      * [num_heads, num_tokens] is lse_token_stride 1, lse_head_stride num_tokens. Negative
-     * strides, or two (token, head) at one element, are INVALID_ARGUMENT; a last LSE ending
+     * strides, or strides that do not nest (one of them, where both dimensions have more than
+     * one entry, must be at least the other times its extent: two (token, head) at one element
+     * otherwise, or interleaved), are INVALID_ARGUMENT; a last LSE ending
      * beyond 2^63 bytes is OVERFLOW (the same rules hold for pa_merge_args). */
     float *lse;
     int64_t lse_token_stride, lse_head_stride;
@@ -574,8 +592,8 @@ PA_API pa_status pa_cache_copy_blocks(pa_context *ctx, const pa_cache *caches, i
 
 /* vLLM's swap_blocks: copies whole blocks pairs[2p] of src to pairs[2p+1] of dst (both pools),
  * e.g. device <-> host. src and dst must have the same dtype, block_size, num_kv_heads and
- * head_size (strides may differ); they must be different pools (INVALID_ARGUMENT if a byte of
- * dst's key or value pool lies within src's); destinations distinct. */
+ * head_size (strides may differ); they must be different pools (INVALID_ARGUMENT if the byte
+ * ranges that dst's key and value pools span meet those of src's); destinations distinct. */
 PA_API pa_status pa_cache_swap_blocks(pa_context *ctx, const pa_cache *src, const pa_cache *dst,
                                       const int64_t *pairs, int64_t num_pairs);
 

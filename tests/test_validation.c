@@ -807,7 +807,7 @@ static void test_forward(void)
     a = f->args, a.v_row_stride = INT64_MAX / 8;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_OVERFLOW, "v_row_stride");
     a = f->args, a.lse_token_stride = 1, a.lse_head_stride = 1;
-    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 1, head 1) overlap for [4, 4]");
+    REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 1, head 1) do not nest for [4, 4]");
     a = f->args, a.lse_token_stride = 4, a.lse_head_stride = -1;
     REJECT(f, pa_attn_forward(ctx, L, B, NULL, &a), PA_STATUS_INVALID_ARGUMENT, "lse strides (token 4, head -1) are negative");
     a = f->args, a.lse_token_stride = 3, a.lse_head_stride = 1; /* token 1 head 0 == token 0 head 3 */
@@ -1158,7 +1158,7 @@ static void test_merge(void)
         CHECK_OK(pa_merge_states(NULL, &m));
     }
     MERGE_FAILS((m.lse_token_stride = 1, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT,
-                "lse strides (token 1, head 1) overlap");
+                "lse strides (token 1, head 1) do not nest");
     MERGE_FAILS((m.lse_token_stride = -2, m.lse_head_stride = 1), PA_STATUS_INVALID_ARGUMENT,
                 "lse strides (token -2, head 1) are negative");
     MERGE_FAILS((m.lse_token_stride = (int64_t)1 << 62, m.lse_head_stride = (int64_t)1 << 62), PA_STATUS_OVERFLOW,

@@ -102,6 +102,10 @@ int pa_tool_verify(int argc, char **argv)
         return 2;
     }
     grid_set_sweep_options(sharp, margin);
+    if (filter && random) { /* a sweep's cases are drawn, not named: the filter would be ignored */
+        fprintf(stderr, "pagedattn verify: --filter selects grid cases; a --random sweep has none to select\n");
+        return 2;
+    }
     if (filter && !random) { /* a filter that names no case would otherwise read as a pass */
         int n = 0;
         for (int c = 0; c < grid_count(); c++) n += strstr(grid_case_name(c), filter) != NULL;

@@ -105,7 +105,8 @@ pa_status pa__cache_validate(const pa_cache *c, const char *what)
     if (!strides_injective(c))
         return pa__fail(PA_STATUS_INVALID_ARGUMENT,
                         "%s: cache strides (block %lld, token %lld, head %lld) with head_size %d "
-                        "make distinct elements overlap",
+                        "do not nest (sorted by stride, each must be at least the span of the "
+                        "dimensions inside it), so distinct elements may overlap",
                         what, (long long)c->block_stride, (long long)c->token_stride,
                         (long long)c->head_stride, c->head_size);
     return PA_STATUS_OK;

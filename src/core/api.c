@@ -199,7 +199,8 @@ static pa_status lse_strides(const char *who, int64_t rows, int64_t cols, int64_
         return pa__fail(PA_STATUS_OVERFLOW, "%s: lse strides (token %lld, head %lld) over [%lld, %lld] overflow a "
                         "64-bit offset", who, (long long)*rs, (long long)*cs, (long long)rows, (long long)cols);
     if (!strides_2d_distinct(rows, cols, *rs, *cs))
-        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: lse strides (token %lld, head %lld) overlap for [%lld, %lld]",
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "%s: lse strides (token %lld, head %lld) do not nest for [%lld, %lld] "
+                        "(one must be at least the other times its extent)",
                         who, (long long)*rs, (long long)*cs, (long long)rows, (long long)cols);
     return PA_STATUS_OK;
 }
