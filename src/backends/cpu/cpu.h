@@ -417,6 +417,11 @@ static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
 /* The online softmax's rescale of a row's sums when its running maximum m becomes mn (>= m, not
  * -inf): the driver's loop and the tables' softmax_rows share it, so that both give one bit
  * pattern (softmax_rows, in the kernel table above). */
+/* A rise of the running maximum beyond which e^(m - mn) is below fp32's normals: the driver's
+ * loop then rescales o and l in two exact steps (cpu_attn.c), and the tables' softmax_rows
+ * decline such tiles. */
+#define PA__CPU_ALPHA_GAP 87.0f
+
 static inline float pa__cpu_alpha(float m, float mn)
 {
     return m == mn ? 1.0f : (m == -INFINITY ? 0.0f : expf(m - mn));

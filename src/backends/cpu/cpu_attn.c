@@ -172,8 +172,9 @@ static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a
     return any ? (all ? 1 : 2) : 0;
 }
 
-/* bad: a NaN or +inf logit reached the row: every element and the lse are NaN. */
-static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l, bool bad,
+/* Writes out = o * rl (and the lse, where asked) of (token, head). bad: a NaN or +inf logit
+ * reached the row: every element and the lse are NaN. */
+static void store_out(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float rl, float lse, bool bad,
                       const pa__cpu_kernels *k)
 {
     const pa_forward_args *a = f->args;
@@ -185,9 +186,7 @@ static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
                    : 1.0f;
     size_t osz = pa_dtype_size(cfg->out_dtype);
     char *dst = (char *)a->out + (tok * a->out_row_stride + (int64_t)h * d) * (int64_t)osz;
-    static const float none[512];
-    if (m == PA__CPU_NEG_INF_LOGIT && !bad) o = none, l = 0.0f; /* every key it saw had a logit of -inf */
-    const float rl = bad ? NAN : l > 0.0f ? 1.0f / l : 0.0f;
+    if (bad) rl = NAN, lse = NAN;
     if (vs == 1.0f) {
         k->store_row(cfg->out_dtype, o, d, rl, dst);
     } else {
@@ -199,9 +198,16 @@ static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
         for (int32_t i = 0; i < d; i++) t[i] = o[i] * rl;
         k->store_row(cfg->out_dtype, t, d, vs, dst);
     }
-    if (a->lse)
-        a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] =
-            bad ? NAN : l > 0.0f ? m + logf(l) : -INFINITY;
+    if (a->lse) a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] = lse;
+}
+
+/* An item's row: out = o / l, lse = m + ln l (0 and -inf where l is 0). */
+static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l, bool bad,
+                      const pa__cpu_kernels *k)
+{
+    static const float none[512];
+    if (m == PA__CPU_NEG_INF_LOGIT && !bad) o = none, l = 0.0f; /* every key it saw had a logit of -inf */
+    store_out(f, tok, h, o, l > 0.0f ? 1.0f / l : 0.0f, l > 0.0f ? m + logf(l) : -INFINITY, bad, k);
 }
 
 /* The scale the query rows take: the layer's, times k_scale over an fp8 cache (its keys are
@@ -354,11 +360,15 @@ static bool row_nonfinite(const float *o, int d, float l)
     return acc != 0;
 }
 
-/* One item with the kernels K; false, having written nothing, where K's weights are scaled
- * (p_exp) and some row that is not NaN anyway ended with a non-finite sum or o: the scaled sums
- * overflowed where the unscaled ones may not (V values beyond ~2^64 / l), or V held an inf or
- * NaN, whose results the unscaled weights give as the contract's fp32 arithmetic has them. */
-static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *K)
+/* One item with the kernels K, writing the rows that `only` (NULL: all) marks. Where K's weights
+ * are scaled (p_exp), a row that is not NaN anyway and ended with a non-finite sum or o is not
+ * written but marked in redo (true returned): its scaled sums overflowed where the unscaled ones
+ * may not (V values beyond ~2^64 / l), or its V held an inf or NaN, whose results the unscaled
+ * weights give as the contract's fp32 arithmetic has them. The other rows keep the scaled
+ * weights' results (an audit found a rerun of the whole item changing rows that had not
+ * overflowed, even through a key they mask). */
+static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *K, const unsigned char *only,
+                      unsigned char *redo)
 {
     const pa__cpu_item *it = &J->p->items[index];
     const pa__fwd *f = J->f;
@@ -604,7 +614,19 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
                 if (!sc->vis[r])
                     for (int c = 0; c < nc; c++) s[c] = -0.0f;
-                sc->l[r] = sc->l[r] * al + sum;
+                if (sc->m[r] > -INFINITY && sc->m[r] - mn < -PA__CPU_ALPHA_GAP && sc->m[r] - mn >= -131.0f) {
+                    /* the maximum rose by more than 87: e^(m - mn) is below fp32's normals, where
+                     * the rows' earlier keys would weigh a subnormal or 0 times their due (an audit
+                     * found keys before a much larger one dropped). o and l take it in two exact
+                     * steps instead: 2^64 e^(m - mn) here, 2^-64 as the PV's alpha. */
+                    const float a2 = (float)ldexp(exp((double)sc->m[r] - (double)mn), 64);
+                    float *orow = sc->o + (size_t)r * dp;
+                    for (int j = 0; j < dp; j++) orow[j] *= a2;
+                    sc->l[r] = sc->l[r] * a2 * 0x1p-64f + sum;
+                    al = 0x1p-64f;
+                } else {
+                    sc->l[r] = sc->l[r] * al + sum;
+                }
                 sc->m[r] = mn;
                 sc->alpha[r] = al;
             }
@@ -664,19 +686,21 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         }
     }
 
+    bool again = false;
     if (K->p_exp) {
-        for (int r = 0; r < nr; r++)
-            if (!sc->bad[r] && row_nonfinite(sc->o + (size_t)r * dp, d, sc->l[r])) return false;
         /* back to exp(s - m): exact where the unscaled values are normal */
         const float un = ldexpf(1.0f, -K->p_exp);
         for (int r = 0; r < nr; r++) {
             float *o = sc->o + (size_t)r * dp;
+            redo[r] = !sc->bad[r] && row_nonfinite(o, d, sc->l[r]);
+            again |= redo[r];
             for (int i = 0; i < d; i++) o[i] *= un;
             sc->l[r] *= un;
         }
     }
     for (int r = 0; r < nr; r++) {
         const float *o = sc->o + (size_t)r * dp;
+        if ((only && !only[r]) || (K->p_exp && redo[r])) continue;
         if (split) {
             float *pr = J->p->part + (size_t)(it->part + r) * (dp + 2);
             pr[0] = sc->m[r];
@@ -689,13 +713,15 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
             write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], sc->bad[r], K);
         }
     }
-    return true;
+    return again;
 }
 
 static void run_item(void *arg, int64_t index, int thread)
 {
     job *J = arg;
-    if (!item_pass(J, index, thread, &J->c->kern)) item_pass(J, index, thread, &J->c->kern_exact);
+    unsigned char redo[CPU_ROWS], unused[CPU_ROWS];
+    if (item_pass(J, index, thread, &J->c->kern, NULL, redo))
+        item_pass(J, index, thread, &J->c->kern_exact, redo, unused);
 }
 
 /* Combines the chunks of one tile of rows in chunk order; the sink joins here, once. */
@@ -720,19 +746,25 @@ static void run_merge(void *arg, int64_t index, int thread)
             bad |= isnan(pr[1]);
             if (pr[1] > 0.0f && pr[0] > M) M = pr[0];
         }
-        float Lsum = 0.0f;
-        memset(acc, 0, (size_t)d * sizeof(float));
+        /* in double: a chunk far below the largest (by more than 87) weighs e^(m - M), an fp32
+         * subnormal or 0 (an audit found such chunks dropped), and double's range holds every
+         * product and sum of fp32 values here */
+        double Lsum = 0.0, accd[512];
+        for (int j = 0; j < d; j++) accd[j] = 0.0;
         if (M != -INFINITY) {
-            if (L->sinks) Lsum = expf(L->sinks[h] - M);
+            if (L->sinks) Lsum = exp((double)L->sinks[h] - (double)M);
             for (int c = 0; c < mg->nchunks; c++) {
                 const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
                 if (!(pr[1] > 0.0f)) continue;
-                float w = expf(pr[0] - M);
+                const double w = exp((double)pr[0] - (double)M);
                 Lsum += pr[1] * w;
-                for (int j = 0; j < d; j++) acc[j] += w * pr[2 + j];
+                for (int j = 0; j < d; j++) accd[j] += w * pr[2 + j];
             }
         }
-        write_row(f, qs + mg->t0 + t, h, acc, M, Lsum, bad, &J->c->kern);
+        if (M == PA__CPU_NEG_INF_LOGIT) Lsum = 0.0; /* every key it saw had a logit of -inf */
+        for (int j = 0; j < d; j++) acc[j] = Lsum > 0.0 ? (float)(accd[j] / Lsum) : 0.0f;
+        store_out(f, qs + mg->t0 + t, h, acc, 1.0f, Lsum > 0.0 ? (float)((double)M + log(Lsum)) : -INFINITY, bad,
+                  &J->c->kern);
     }
 }
 

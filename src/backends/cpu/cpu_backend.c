@@ -177,6 +177,7 @@ static const char *cpu_info(void)
              "fp8 decode rows: %s\n"
              "fp8 decode QK with bf16 queries: %s\n"
              "bf16 caches: %s\n"
+             "softmax weights: %s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? (best != widest_isa(&f) ? "the default here: avx512bf16 runs too, but is the default on "
@@ -218,6 +219,9 @@ static const char *cpu_info(void)
              kt.pv_bf16 ? "QK (bf16 queries) and PV by vdpbf16ps, the probabilities rounded to bf16; "
                           "PV over values below 2^-90, inf or NaN by fp32 FMAs"
                         : "fp32 FMAs, the probabilities kept in fp32",
+             kt.p_exp ? "2^64 exp(s - m), never an fp32 subnormal (keys up to 131 below their row's maximum at full "
+                        "speed on Intel cores); a work item whose scaled sums overflow runs again unscaled"
+                      : "exp(s - m) (keys 87 to 104 below their row's maximum weigh fp32 subnormals)",
              pa__cpu_online_cores());
     return buf;
 }

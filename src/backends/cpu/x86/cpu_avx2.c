@@ -366,11 +366,14 @@ static inline __m256 exp8(__m256 x) { return exp8k(x, 0); }
 /* The exponent of this table's softmax weights (p_exp): 2^64 exp(s - m) */
 #define PA__A2_P_EXP 64
 
-/* One weight 2^sh exp(x) by expf (exp_row's tail): exact scaling wherever expf(x) is normal,
- * +0 below -131 as exp8k */
+/* One weight 2^sh exp(x) (exp_row's tail): expf scaled exactly wherever expf(x) is normal;
+ * below, where expf's result is subnormal or 0, exp in double scaled before the rounding to
+ * fp32 (an audit found the tail's far keys weighed 0 or 1.7% off); +0 below -131 as exp8k */
 static inline float exp1k(float x, const int sh)
 {
-    return sh ? (x < -131.0f ? 0.0f : ldexpf(expf(x), sh)) : expf(x);
+    if (!sh) return expf(x);
+    if (x < -131.0f || x != x) return 0.0f;
+    return x >= -87.0f ? ldexpf(expf(x), sh) : (float)ldexp(exp((double)x), sh);
 }
 
 /* p[0..8) = the weights exp8k(p - m, sh), masked (-inf) entries -0; returns them */
@@ -513,6 +516,8 @@ static inline __attribute__((always_inline)) bool softmax_rows_k(float *s, int l
         _mm256_storeu_ps(mn + r0, t);
     }
     if (_mm256_movemask_ps(odd)) return false;
+    for (int r = 0; r < nr; r++) /* a maximum that rose by more than 87: the driver's loop */
+        if (m[r] > -INFINITY && m[r] - mn[r] < -PA__CPU_ALPHA_GAP) return false;
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const int g = nr - r0 < 8 ? nr - r0 : 8;
         __m256 acc[8];
