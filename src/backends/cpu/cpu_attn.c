@@ -746,25 +746,28 @@ static void run_merge(void *arg, int64_t index, int thread)
             bad |= isnan(pr[1]);
             if (pr[1] > 0.0f && pr[0] > M) M = pr[0];
         }
-        /* in double: a chunk far below the largest (by more than 87) weighs e^(m - M), an fp32
-         * subnormal or 0 (an audit found such chunks dropped), and double's range holds every
-         * product and sum of fp32 values here */
-        double Lsum = 0.0, accd[512];
-        for (int j = 0; j < d; j++) accd[j] = 0.0;
+        float Lsum = 0.0f;
+        memset(acc, 0, (size_t)d * sizeof(float));
         if (M != -INFINITY) {
-            if (L->sinks) Lsum = exp((double)L->sinks[h] - (double)M);
+            if (L->sinks) Lsum = expf(L->sinks[h] - M);
             for (int c = 0; c < mg->nchunks; c++) {
                 const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
                 if (!(pr[1] > 0.0f)) continue;
-                const double w = exp((double)pr[0] - (double)M);
+                if (pr[0] - M < -PA__CPU_ALPHA_GAP && pr[0] - M >= -131.0f) {
+                    /* a chunk more than 87 below the largest: e^(m - M) is below fp32's normals
+                     * (an audit found such chunks weighed 0): its terms in two steps, 2^64
+                     * e^(m - M) and then 2^-64, as the items' rescale does */
+                    const float w2 = (float)ldexp(exp((double)pr[0] - (double)M), 64);
+                    Lsum += pr[1] * w2 * 0x1p-64f;
+                    for (int j = 0; j < d; j++) acc[j] += pr[2 + j] * w2 * 0x1p-64f;
+                    continue;
+                }
+                float w = expf(pr[0] - M);
                 Lsum += pr[1] * w;
-                for (int j = 0; j < d; j++) accd[j] += w * pr[2 + j];
+                for (int j = 0; j < d; j++) acc[j] += w * pr[2 + j];
             }
         }
-        if (M == PA__CPU_NEG_INF_LOGIT) Lsum = 0.0; /* every key it saw had a logit of -inf */
-        for (int j = 0; j < d; j++) acc[j] = Lsum > 0.0 ? (float)(accd[j] / Lsum) : 0.0f;
-        store_out(f, qs + mg->t0 + t, h, acc, 1.0f, Lsum > 0.0 ? (float)((double)M + log(Lsum)) : -INFINITY, bad,
-                  &J->c->kern);
+        write_row(f, qs + mg->t0 + t, h, acc, M, Lsum, bad, &J->c->kern);
     }
 }
 
