@@ -172,9 +172,8 @@ static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a
     return any ? (all ? 1 : 2) : 0;
 }
 
-/* Writes out = o * rl (and the lse, where asked) of (token, head). bad: a NaN or +inf logit
- * reached the row: every element and the lse are NaN. */
-static void store_out(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float rl, float lse, bool bad,
+/* bad: a NaN or +inf logit reached the row: every element and the lse are NaN. */
+static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l, bool bad,
                       const pa__cpu_kernels *k)
 {
     const pa_forward_args *a = f->args;
@@ -186,7 +185,9 @@ static void store_out(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
                    : 1.0f;
     size_t osz = pa_dtype_size(cfg->out_dtype);
     char *dst = (char *)a->out + (tok * a->out_row_stride + (int64_t)h * d) * (int64_t)osz;
-    if (bad) rl = NAN, lse = NAN;
+    static const float none[512];
+    if (m == PA__CPU_NEG_INF_LOGIT && !bad) o = none, l = 0.0f; /* every key it saw had a logit of -inf */
+    const float rl = bad ? NAN : l > 0.0f ? 1.0f / l : 0.0f;
     if (vs == 1.0f) {
         k->store_row(cfg->out_dtype, o, d, rl, dst);
     } else {
@@ -198,16 +199,9 @@ static void store_out(const pa__fwd *f, int64_t tok, int32_t h, const float *o, 
         for (int32_t i = 0; i < d; i++) t[i] = o[i] * rl;
         k->store_row(cfg->out_dtype, t, d, vs, dst);
     }
-    if (a->lse) a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] = lse;
-}
-
-/* An item's row: out = o / l, lse = m + ln l (0 and -inf where l is 0). */
-static void write_row(const pa__fwd *f, int64_t tok, int32_t h, const float *o, float m, float l, bool bad,
-                      const pa__cpu_kernels *k)
-{
-    static const float none[512];
-    if (m == PA__CPU_NEG_INF_LOGIT && !bad) o = none, l = 0.0f; /* every key it saw had a logit of -inf */
-    store_out(f, tok, h, o, l > 0.0f ? 1.0f / l : 0.0f, l > 0.0f ? m + logf(l) : -INFINITY, bad, k);
+    if (a->lse)
+        a->lse[tok * a->lse_token_stride + h * a->lse_head_stride] =
+            bad ? NAN : l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 /* The scale the query rows take: the layer's, times k_scale over an fp8 cache (its keys are
@@ -614,12 +608,12 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
                 if (!sc->vis[r])
                     for (int c = 0; c < nc; c++) s[c] = -0.0f;
-                if (sc->m[r] > -INFINITY && sc->m[r] - mn < -PA__CPU_ALPHA_GAP && sc->m[r] - mn >= -131.0f) {
+                if (pa__cpu_far(sc->m[r] - mn)) {
                     /* the maximum rose by more than 87: e^(m - mn) is below fp32's normals, where
                      * the rows' earlier keys would weigh a subnormal or 0 times their due (an audit
                      * found keys before a much larger one dropped). o and l take it in two exact
                      * steps instead: 2^64 e^(m - mn) here, 2^-64 as the PV's alpha. */
-                    const float a2 = (float)ldexp(exp((double)sc->m[r] - (double)mn), 64);
+                    const float a2 = pa__cpu_far_up(sc->m[r] - mn);
                     float *orow = sc->o + (size_t)r * dp;
                     for (int j = 0; j < dp; j++) orow[j] *= a2;
                     sc->l[r] = sc->l[r] * a2 * 0x1p-64f + sum;
@@ -753,11 +747,11 @@ static void run_merge(void *arg, int64_t index, int thread)
             for (int c = 0; c < mg->nchunks; c++) {
                 const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
                 if (!(pr[1] > 0.0f)) continue;
-                if (pr[0] - M < -PA__CPU_ALPHA_GAP && pr[0] - M >= -131.0f) {
+                if (pa__cpu_far(pr[0] - M)) {
                     /* a chunk more than 87 below the largest: e^(m - M) is below fp32's normals
                      * (an audit found such chunks weighed 0): its terms in two steps, 2^64
                      * e^(m - M) and then 2^-64, as the items' rescale does */
-                    const float w2 = (float)ldexp(exp((double)pr[0] - (double)M), 64);
+                    const float w2 = pa__cpu_far_up(pr[0] - M);
                     Lsum += pr[1] * w2 * 0x1p-64f;
                     for (int j = 0; j < d; j++) acc[j] += pr[2 + j] * w2 * 0x1p-64f;
                     continue;

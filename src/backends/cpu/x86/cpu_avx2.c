@@ -517,7 +517,7 @@ static inline __attribute__((always_inline)) bool softmax_rows_k(float *s, int l
     }
     if (_mm256_movemask_ps(odd)) return false;
     for (int r = 0; r < nr; r++) /* a maximum that rose by more than 87: the driver's loop */
-        if (m[r] > -INFINITY && m[r] - mn[r] < -PA__CPU_ALPHA_GAP) return false;
+        if (pa__cpu_far(m[r] - mn[r])) return false;
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const int g = nr - r0 < 8 ? nr - r0 : 8;
         __m256 acc[8];

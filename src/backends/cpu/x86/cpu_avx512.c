@@ -992,7 +992,7 @@ AI bool softmax_rows_k(float *s, int lds, int nr, int nc, float *m, float *l, fl
     }
     if (odd) return false;
     for (int r = 0; r < nr; r++) /* a maximum that rose by more than 87: the driver's loop */
-        if (m[r] > -INFINITY && m[r] - mn[r] < -PA__CPU_ALPHA_GAP) return false;
+        if (pa__cpu_far(m[r] - mn[r])) return false;
     for (int r0 = 0; r0 < nr; r0 += 16) {
         const int g = nr - r0 < 16 ? nr - r0 : 16;
         const __mmask16 live = (__mmask16)(g == 16 ? 0xffffu : (1u << g) - 1u);
