@@ -422,17 +422,22 @@ static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
  * decline such tiles. */
 #define PA__CPU_ALPHA_GAP 87.0f
 
+/* The exponent of the scaled softmax weights (p_exp: 2^64 exp(s - m)) and how far below its
+ * row's maximum a key still weighs an fp32 normal so (e^-131 2^64 = 2^-125); below, 0. */
+#define PA__CPU_P_EXP 64
+#define PA__CPU_FAR_LIMIT 131.0f
+
 /* Whether a factor e^dm (dm = m - mn <= 0) lies below fp32's normals while 2^64 e^dm does not
  * (a rise of more than 87, up to 131; false for -inf and NaN): it is then applied in two exact
  * steps, pa__cpu_far_up(dm) and 2^-64. */
 static inline bool pa__cpu_far(float dm)
 {
-    return dm < -PA__CPU_ALPHA_GAP && dm >= -131.0f;
+    return dm < -PA__CPU_ALPHA_GAP && dm >= -PA__CPU_FAR_LIMIT;
 }
 
 static inline float pa__cpu_far_up(float dm)
 {
-    return (float)ldexp(exp((double)dm), 64);
+    return (float)ldexp(exp((double)dm), PA__CPU_P_EXP);
 }
 
 static inline float pa__cpu_alpha(float m, float mn)

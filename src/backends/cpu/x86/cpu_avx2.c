@@ -338,8 +338,8 @@ static float a2_row_max(const float *s, int n)
  * an fp32 normal, exactly 2^sh times the unshifted value, and never a subnormal. */
 static inline __attribute__((always_inline)) __m256 exp8k(__m256 x, const int sh)
 {
-    const __m256 keep = sh ? _mm256_cmp_ps(x, _mm256_set1_ps(-131.0f), _CMP_GE_OQ) : _mm256_setzero_ps();
-    x = _mm256_max_ps(x, _mm256_set1_ps(sh ? -131.0f : -104.0f));
+    const __m256 keep = sh ? _mm256_cmp_ps(x, _mm256_set1_ps(-PA__CPU_FAR_LIMIT), _CMP_GE_OQ) : _mm256_setzero_ps();
+    x = _mm256_max_ps(x, _mm256_set1_ps(sh ? -PA__CPU_FAR_LIMIT : -104.0f));
     x = _mm256_min_ps(x, _mm256_setzero_ps());
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -363,8 +363,6 @@ static inline __attribute__((always_inline)) __m256 exp8k(__m256 x, const int sh
 
 static inline __m256 exp8(__m256 x) { return exp8k(x, 0); }
 
-/* The exponent of this table's softmax weights (p_exp): 2^64 exp(s - m) */
-#define PA__A2_P_EXP 64
 
 /* One weight 2^sh exp(x) (exp_row's tail): expf scaled exactly wherever expf(x) is normal;
  * below, where expf's result is subnormal or 0, exp in double scaled before the rounding to
@@ -372,7 +370,7 @@ static inline __m256 exp8(__m256 x) { return exp8k(x, 0); }
 static inline float exp1k(float x, const int sh)
 {
     if (!sh) return expf(x);
-    if (x < -131.0f || x != x) return 0.0f;
+    if (x < -PA__CPU_FAR_LIMIT || x != x) return 0.0f;
     return x >= -87.0f ? ldexpf(expf(x), sh) : (float)ldexp(exp((double)x), sh);
 }
 
@@ -459,7 +457,7 @@ static inline __attribute__((always_inline)) float exp_row_k(float *s, int n, fl
     return sum;
 }
 
-static float a2_exp_row(float *s, int n, float m) { return exp_row_k(s, n, m, PA__A2_P_EXP); }
+static float a2_exp_row(float *s, int n, float m) { return exp_row_k(s, n, m, PA__CPU_P_EXP); }
 
 static float a2_exp_row_unscaled(float *s, int n, float m) { return exp_row_k(s, n, m, 0); }
 
@@ -541,7 +539,7 @@ static inline __attribute__((always_inline)) bool softmax_rows_k(float *s, int l
 
 static bool a2_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
-    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__A2_P_EXP);
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__CPU_P_EXP);
 }
 
 static bool a2_softmax_rows_unscaled(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
@@ -1445,7 +1443,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->row_max = a2_row_max;
     k->exp_row = a2_exp_row;
     k->softmax_rows = a2_softmax_rows;
-    k->p_exp = PA__A2_P_EXP;
+    k->p_exp = PA__CPU_P_EXP;
     k->exp_row_unscaled = a2_exp_row_unscaled;
     k->softmax_rows_unscaled = a2_softmax_rows_unscaled;
     k->any_neg_inf = a2_any_neg_inf;

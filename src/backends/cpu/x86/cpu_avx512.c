@@ -837,8 +837,8 @@ static void a5_qk_t8(const float *q, int nr, const float *kt, int nc, int dp, fl
  * operations more (a compare, an add; the vscalefps zero-masked). */
 AI __m512 exp16k(__m512 x, const int sh)
 {
-    const __mmask16 keep = sh ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-131.0f), _CMP_GE_OQ) : (__mmask16)0xffff;
-    x = _mm512_max_ps(x, _mm512_set1_ps(sh ? -131.0f : -104.0f));
+    const __mmask16 keep = sh ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-PA__CPU_FAR_LIMIT), _CMP_GE_OQ) : (__mmask16)0xffff;
+    x = _mm512_max_ps(x, _mm512_set1_ps(sh ? -PA__CPU_FAR_LIMIT : -104.0f));
     x = _mm512_min_ps(x, _mm512_setzero_ps());
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -859,8 +859,6 @@ AI __m512 exp16k(__m512 x, const int sh)
 
 AI __m512 exp16(__m512 x) { return exp16k(x, 0); }
 
-/* The exponent of this table's softmax weights (p_exp): 2^64 exp(s - m) */
-#define PA__A5_P_EXP 64
 
 /* s[i .. i + 16) where `live` is set = the weights exp16k(s - m, sh), -0 where s is -inf (a
  * masked key); returns them, zeros in the other lanes (which are neither read nor written) */
@@ -894,7 +892,7 @@ AI __m512 exp_row_acc(float *s, int n, __m512 vm, const int sh)
 
 static float a5_exp_row(float *s, int n, float m)
 {
-    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m), PA__A5_P_EXP));
+    return hsum1z(exp_row_acc(s, n, _mm512_set1_ps(m), PA__CPU_P_EXP));
 }
 
 static float a5_exp_row_unscaled(float *s, int n, float m)
@@ -1021,7 +1019,7 @@ AI bool softmax_rows_k(float *s, int lds, int nr, int nc, float *m, float *l, fl
 
 static bool a5_softmax_rows(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
 {
-    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__A5_P_EXP);
+    return softmax_rows_k(s, lds, nr, nc, m, l, alpha, PA__CPU_P_EXP);
 }
 
 static bool a5_softmax_rows_unscaled(float *s, int lds, int nr, int nc, float *m, float *l, float *alpha)
@@ -1060,7 +1058,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->qk_t = rows12 ? a5_qk_t12 : a5_qk_t8;
     k->exp_row = a5_exp_row;
     k->softmax_rows = a5_softmax_rows;
-    k->p_exp = PA__A5_P_EXP;
+    k->p_exp = PA__CPU_P_EXP;
     k->exp_row_unscaled = a5_exp_row_unscaled;
     k->softmax_rows_unscaled = a5_softmax_rows_unscaled;
     k->any_neg_inf = a5_any_neg_inf;
