@@ -96,10 +96,45 @@ _layer_cache = OrderedDict()
 _layer_lock = threading.Lock()
 
 
+_fork_generation = 0  # how many forks lie between this process and the one that imported us
+_renew_lock = threading.Lock()
+
+
 def _renew_layer_lock():  # a forked child: the locks may have been held by a parent thread
-    global _layer_lock, _caches_lock
+    global _layer_lock, _caches_lock, _fork_generation, _renew_lock
     _layer_lock = threading.Lock()
     _caches_lock = threading.Lock()
+    _renew_lock = threading.Lock()
+    _fork_generation += 1
+
+
+class ForkSafeLock:
+    """A lock for an object that may outlive a fork: the module locks are renewed in a forked
+    child, but a batch's or a metadata's own lock may have been held by another parent thread
+    at the fork (one waiting for a context's lock to make a plan, say), and the child, which
+    has none of those threads, would wait on it for ever. This one is replaced by a new lock
+    the first time it is taken in a process forked after it was made."""
+
+    __slots__ = ("_generation", "_lock")
+
+    def __init__(self):
+        self._generation = _fork_generation
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        if self._generation != _fork_generation:
+            with _renew_lock:
+                if self._generation != _fork_generation:
+                    self._lock = threading.Lock()
+                    self._generation = _fork_generation
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+    def locked(self):
+        return self._lock.locked()
 
 
 if hasattr(os, "register_at_fork"):
@@ -242,7 +277,7 @@ class Batch:
         L.check(lib.pa_batch_create(byref(cfg), raw.ctypes.data, n, byref(h)), "pa_batch_create")
         self.handle = h
         self._plans = {}
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
 
     def metadata(self):
         return lib.pa_batch_get_metadata(self.handle).contents

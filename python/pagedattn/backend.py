@@ -99,12 +99,18 @@ class PagedAttnMetadata:
         # vLLM v1's flag: False for attention that is not causal over the step (encoder-only
         # and cross layers); a decoder layer given causal=False metadata raises
         self.causal = bool(causal)
+        # the slots as they are now: the library batches are made later, one per pool size, and
+        # must all write where the metadata says (the block tables are copied too)
+        if slot_mapping is not None:
+            slot_mapping = np.array(slot_mapping, dtype=np.int64)
+        if cross_slot_mapping is not None:
+            cross_slot_mapping = np.array(cross_slot_mapping, dtype=np.int64)
         self._seqs = seqs
         self._slot_mapping = slot_mapping
         self._cross_slot_mapping = cross_slot_mapping
         self._num_blocks = num_blocks
         self._batches = {}
-        self._lock = threading.Lock()
+        self._lock = C.ForkSafeLock()
         ctx = np.array([s["context_len"] for s in seqs], dtype=np.int32)
         ql = np.array([s["query_len"] for s in seqs], dtype=np.int32)
         sl = ctx + ql
@@ -134,7 +140,7 @@ class PagedAttnMetadata:
                 bt[i, :len(t)] = t
         self.block_tables = bt
         if slot_mapping is not None:
-            self.slot_mapping = np.asarray(slot_mapping, dtype=np.int64)
+            self.slot_mapping = slot_mapping
         else:
             self.slot_mapping = _derive_slots(seqs, self.block_size, "block_table", "context_len",
                                               "query_len")

@@ -563,3 +563,26 @@ def test_impl_forward_strided_inputs(backend, rng):
     with pytest.raises(ValueError):
         impl.forward(*cases["fused qkv split"], np.zeros(be.get_kv_cache_shape(nb, bs, Hkv, D),
                                                           dt), md, output=out)
+
+
+def test_metadata_keeps_the_slots_it_was_built_with(backend):
+    """The library batches of one metadata are made later, one per pool size; all of them write
+    K/V where the metadata said at build time, even if the caller's slot buffer is rewritten
+    afterwards (the block tables are copied alike)."""
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs = 2, 1, 16, 4
+    impl = be.get_impl_cls()(H, D, D ** -0.5, Hkv)
+    slots = np.array([8, 9], np.int64)
+    md = be.make_metadata_builder(bs).build(seq_lens=[2], query_lens=[2], block_tables=[[2]],
+                                            slot_mapping=slots)
+    q = np.ones((2, H * D), np.float32)
+    kv = np.ones((2, Hkv * D), np.float32)
+    written = []
+    for i, nb in enumerate((8, 8, 16)):
+        cache = be.new_kv_cache(nb, bs, Hkv, D, np.float32)
+        impl.forward(q, kv, kv, cache, md)
+        written.append(np.flatnonzero(cache[0].reshape(-1, Hkv * D).any(axis=1)).tolist())
+        if i == 0:
+            slots[:] = [12, 13]  # the caller reuses its buffer after the first layer
+    assert md.slot_mapping.tolist() == [8, 9]
+    assert written == [[8, 9]] * 3
