@@ -310,16 +310,16 @@ typedef enum pa_cache_layout {
 
 /* Fills the geometry and contiguous strides of `layout` (key/value left NULL, memory HOST).
  * INVALID_ARGUMENT for non-positive sizes or a bad dtype/layout; OVERFLOW if the pool's element
- * count exceeds 2^60 (the limit every cache view has: its byte size at up to 8 bytes per element
- * fits an int64). */
+ * count is 2^60 or more (the limit every cache view has: its byte size at up to 8 bytes per
+ * element stays below 2^63, an int64). */
 PA_API pa_status pa_cache_init(pa_cache *cache, pa_cache_layout layout, pa_dtype dtype,
                                int64_t num_blocks, int32_t block_size, int32_t num_kv_heads,
                                int32_t head_size);
 /* Elements one pool spans: the largest addressed element + 1; -1 for NULL, a size below 1 or a
- * span beyond 2^60 elements. */
+ * span of 2^60 elements or more. */
 PA_API int64_t pa_cache_pool_elems(const pa_cache *cache);
 /* Checks a cache view as every call that takes one does, touching no memory: pools not NULL, a
- * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span is at most 2^60 elements
+ * pa_dtype and pa_memory, sizes >= 1, strides >= 0 whose span is below 2^60 elements
  * (OVERFLOW otherwise), and nested strides (see pa_cache; INVALID_ARGUMENT otherwise). A
  * dimension of extent 1 may have any stride >= 0. The two pools may share memory (value = key
  * reads V = K); every call that writes a cache (pa_cache_write, the destinations of
@@ -426,7 +426,7 @@ PA_API const pa_batch_metadata *pa_batch_get_metadata(const pa_batch *batch);
  * block_size), so kv_len = (pages - 1) * block_size + last_page_len. Fills seqs[i].block_table
  * (pointing into indices), num_blocks and, given qo_indptr [num_seqs + 1] (query cumsum),
  * query_len = qo_indptr[i+1] - qo_indptr[i] and context_len = kv_len - query_len (without it,
- * query_len 1); is_prefill is set for query_len > 1. Errors for non-monotonic indptr,
+ * query_len 1; qo_indptr[0] must be 0); is_prefill is set for query_len > 1. Errors for non-monotonic indptr,
  * last_page_len out of range, query_len > kv_len (so a sequence with no pages, whose kv_len is
  * 0, is an error: every sequence has at least its query's tokens). pa_batch_create then wants
  * the prefills first (vLLM's order; FlashInfer has none): reorder the CSR rows if need be. */

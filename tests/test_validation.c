@@ -265,7 +265,22 @@ static void test_cache_init(void)
     /* elements per block alone overflow int64: 2^31-1 cubed */
     INIT_FAILS(PA_STATUS_OVERFLOW, "overflow", PA_LAYOUT_NHD, PA_DTYPE_F32, 1, INT32_MAX, INT32_MAX, INT32_MAX);
     INIT_FAILS(PA_STATUS_OVERFLOW, "overflow", PA_LAYOUT_HND, PA_DTYPE_F16, 2, INT32_MAX, INT32_MAX, 4);
+    /* the limit as the header words it: 2^60 elements or more refused, 2^60 - 2^20 taken (the
+     * pool is only described, not allocated) */
+    INIT_FAILS(PA_STATUS_OVERFLOW, "overflow", PA_LAYOUT_NHD, PA_DTYPE_F32, (int64_t)1 << 40, 1 << 20, 1, 1);
 #undef INIT_FAILS
+    CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, ((int64_t)1 << 40) - 1, 1 << 20, 1, 1));
+    CHECK_INT(pa_cache_pool_elems(&c), ((int64_t)1 << 60) - ((int64_t)1 << 20));
+    static char no_pool[1]; /* (validate touches no memory) */
+    c.key = c.value = no_pool;
+    CHECK_OK(pa_cache_validate(&c));
+    /* two blocks 2^60 - 2^20 apart span 2^60 elements: refused; one element less is taken */
+    c.num_blocks = 2, c.block_stride = ((int64_t)1 << 60) - ((int64_t)1 << 20);
+    CHECK_INT(pa_cache_pool_elems(&c), -1);
+    CHECK_FAILS_WITH(pa_cache_validate(&c), PA_STATUS_OVERFLOW, "overflow");
+    c.block_stride -= 1;
+    CHECK_INT(pa_cache_pool_elems(&c), ((int64_t)1 << 60) - 1);
+    CHECK_OK(pa_cache_validate(&c));
 
     /* pool_elems of an invalid geometry is -1, even at the extremes of each type */
     CHECK_OK(pa_cache_init(&c, PA_LAYOUT_NHD, PA_DTYPE_F32, 2, 2, 1, 2));
@@ -539,6 +554,11 @@ static void test_csr(void)
     qo[1] = 4, qo[2] = 4, qo[3] = 6; /* seq 1: query 0 */
     CSR_FAILS(PA_STATUS_OUT_OF_RANGE, "sequence 1 has query_len 0", 3, qo, indptr, idx, last, 4, s);
     qo[2] = 5;
+    /* a query cumsum must start at 0: the batch packs the queries from row 0, so {-5, 10, ...}
+     * would read rows a caller did not mean (it was taken as query_len 15) */
+    int32_t qo_neg[4] = {-5, 4, 5, 6}, qo_off[4] = {3, 7, 8, 9};
+    CSR_FAILS(PA_STATUS_INVALID_ARGUMENT, "qo_indptr[0] = -5; it must be 0", 3, qo_neg, indptr, idx, last, 4, s);
+    CSR_FAILS(PA_STATUS_INVALID_ARGUMENT, "qo_indptr[0] = 3; it must be 0", 3, qo_off, indptr, idx, last, 4, s);
     CHECK_OK(pa_seqs_from_csr(3, qo, indptr, idx, last, 4, s));
     CHECK_INT(s[2].context_len, 4);
 #undef CSR_FAILS

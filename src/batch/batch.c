@@ -190,7 +190,10 @@ pa_status pa_batch_create(const pa_batch_config *cfg, const pa_seq *seqs, int32_
     if (!b || !store) {
         pa__free(b);
         pa__free(store);
-        return pa__fail(PA_STATUS_OUT_OF_MEMORY, "pa_batch_create: out of memory");
+        return pa__fail(PA_STATUS_OUT_OF_MEMORY,
+                        "pa_batch_create: out of memory for its %lld bytes of metadata (block tables "
+                        "padded to the longest sequence: %d sequences x %lld blocks, %lld cross)",
+                        (long long)(n64 * 8 + n32 * 4 + 8), n, (long long)width, (long long)cross_width);
     }
     b->storage = store;
     b->num_blocks = cfg->num_blocks;
@@ -255,6 +258,9 @@ pa_status pa_seqs_from_csr(int32_t n, const int32_t *qo_indptr, const int32_t *k
     if (n < 1 || block_size < 1)
         return pa__fail(PA_STATUS_INVALID_ARGUMENT, "pa_seqs_from_csr: num_seqs %d, block_size %d must be >= 1",
                         n, block_size);
+    if (qo_indptr && qo_indptr[0] != 0) /* (the batch packs the queries from row 0) */
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT,
+                        "pa_seqs_from_csr: qo_indptr[0] = %d; it must be 0 (offset q instead)", qo_indptr[0]);
     for (int32_t i = 0; i < n; i++) {
         int64_t pages = (int64_t)kv_indptr[i + 1] - kv_indptr[i];
         int32_t last = last_page_len[i];

@@ -115,9 +115,14 @@ static void name_case(gcase *c, const char *tag)
              pa_dtype_name(c->cache), feat, seqs);
 }
 
+/* tokens one case may write to its cache (ginputs.slots) */
+#define GRID_MAX_SLOTS 16384
+
 static void push(gcase c, const char *tag)
 {
-    if (ncases >= (int)(sizeof cases / sizeof cases[0])) abort();
+    int64_t tokens = 0;
+    for (int s = 0; s < c.nseq; s++) tokens += (int64_t)c.seqs[s].ctx + c.seqs[s].q + c.seqs[s].enc;
+    if (ncases >= (int)(sizeof cases / sizeof cases[0]) || tokens > GRID_MAX_SLOTS) abort();
     name_case(&c, tag);
     cases[ncases++] = c;
 }
@@ -979,6 +984,33 @@ static void build_cases(void)
     c.qscale = 48.0f, c.wl = 300, c.wr = 0, c.alibi = 1;
     c.seqs[2] = (gseq){700, 1, 0, 0};
     push(c, "wide-logits");
+
+    /* key chunks a local window hides wholly are not planned (cpu_plan.c, tile_keys), and
+     * prompts of 1024 tokens or more are not split by keys: decodes far past their window
+     * (several hidden 512-key chunks before the visible ones, the window's start inside a
+     * chunk or on a chunk boundary), a speculative step, a long chunk of a prompt over a long
+     * context with and without a window, beside a short chunk that is still split */
+    c = base_case();
+    c.H = 2, c.Hkv = 1, c.D = 16, c.sw = 100; /* (small heads: the prompts' reference sums are long) */
+    c.nseq = 4;
+    c.seqs[0] = (gseq){1500, 1030, 1, 0};
+    c.seqs[1] = (gseq){4100, 17, 1, 0}; /* 4096-key chunks, the window's start in the first */
+    c.seqs[2] = (gseq){3000, 1, 0, 0};  /* 512-key chunks: only the last is planned */
+    c.seqs[3] = (gseq){2947, 4, 0, 0};  /* speculative: the window starts inside a chunk */
+    push(c, "window-chunks");
+    c = base_case();
+    c.H = 2, c.Hkv = 1, c.D = 16, c.wl = 1023, c.wr = 0, c.cache = c.kvd = PA_DTYPE_BF16, c.layout = LAYOUT_HND;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){2000, 1024, 1, 0};
+    c.seqs[1] = (gseq){5631, 1, 0, 0}; /* from 5631 - 1023 = 4608, a chunk boundary: 2 chunks */
+    c.seqs[2] = (gseq){6000, 2, 0, 0};
+    push(c, "window-chunks");
+    c = base_case();
+    c.H = 2, c.Hkv = 1, c.D = 16;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){1200, 1030, 1, 0}; /* no window: one chunk of 2230 keys */
+    c.seqs[1] = (gseq){4500, 1, 0, 0};
+    push(c, "window-chunks");
 }
 
 int grid_count(void)
@@ -1097,7 +1129,7 @@ typedef struct ginputs {
     int32_t ntable[MAX_SEQS];
     int32_t xtables[MAX_SEQS][256];
     int32_t nxtable[MAX_SEQS];
-    int64_t slots[8192];
+    int64_t slots[GRID_MAX_SLOTS];
     pa_cache cache;       /* pools point into pool_buf */
     gbuf pool_buf;        /* holds both pools (NaN where unowned) */
     size_t key_off, value_off; /* byte offsets of the pools in pool_buf */

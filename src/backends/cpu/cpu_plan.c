@@ -25,7 +25,10 @@ static bool short_query(int32_t query_len) { return query_len <= 16; }
 
 static int64_t chunk_keys(int32_t query_len, int64_t kv_len)
 {
-    if (!short_query(query_len)) return 4096;
+    /* a prompt of 1024 tokens or more has its tiles for parallelism and is not split at all:
+     * each split row costs a partial row in the plan, which for a 4096-token chunk of a prompt
+     * over 100k cached keys came to 1.7 GB (an audit, forty-second pass) */
+    if (!short_query(query_len)) return query_len < 1024 ? 4096 : (kv_len > 0 ? kv_len : 1);
     return kv_len <= 1024 ? 256 : 512;
 }
 
@@ -43,17 +46,20 @@ static row_shape shape_of(int32_t group)
     return r;
 }
 
-/* Keys a query tile can reach before the window is known: causal rows stop at the tile's last
- * position. */
-static int64_t tile_reach(const struct pa_layer *L, const struct pa_batch *b, int32_t s,
-                          int32_t t0, int32_t nt)
+/* The keys [*lo, *hi) some row of a query tile may see: the causal limit and the local window
+ * (pa__key_range) of its first and last positions, whose bounds only grow with the position;
+ * empty when *hi <= *lo. Block sparsity hides more, tile by tile, inside. Chunks wholly outside
+ * are not made: a sliding-window layer's items and partial rows follow its window, not its
+ * context (a decode at position 2^31 with a window of 64 took an 833 MB plan; an audit,
+ * forty-second pass). */
+static void tile_keys(const struct pa_layer *L, const struct pa_batch *b, int32_t s, int32_t t0, int32_t nt,
+                      int64_t *lo, int64_t *hi)
 {
-    int64_t kv = pa__kv_len(b, L->cfg.attn_type, s);
-    if (L->cfg.attn_type == PA_ATTN_DECODER) {
-        int64_t r = (int64_t)b->md.context_lens[s] + t0 + nt;
-        if (r < kv) kv = r;
-    }
-    return kv;
+    const int64_t kv = pa__kv_len(b, L->cfg.attn_type, s);
+    const int64_t p0 = (int64_t)b->md.context_lens[s] + t0; /* (the positions of item_pass) */
+    int64_t unused;
+    pa__key_range(L, p0, kv, lo, &unused);
+    pa__key_range(L, p0 + nt - 1, kv, &unused, hi);
 }
 
 static int cmp_items(const void *pa, const void *pb)
@@ -82,8 +88,13 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
         for (int64_t t0_64 = 0; t0_64 < qlen; t0_64 += rs.nt) {
             int32_t t0 = (int32_t)t0_64;
             int32_t nt = qlen - t0 < rs.nt ? qlen - t0 : rs.nt;
-            int64_t reach = tile_reach(L, b, s, t0, nt);
-            int64_t nch = reach > 0 ? (reach + ch - 1) / ch : 1;
+            int64_t lo, reach;
+            tile_keys(L, b, s, t0, nt, &lo, &reach);
+            /* chunks c0 .. c0 + nch - 1 (at absolute multiples of ch); one empty item where no
+             * key is visible (its rows are written as empty rows) */
+            int64_t c0 = 0, nch = 1;
+            if (reach > lo) c0 = lo / ch, nch = (reach + ch - 1) / ch - c0;
+            else reach = 0;
             /* short tiles (decode) take several KV heads per item, so that a cache block is
              * read front to back across its heads instead of as scattered per-head runs */
             int32_t nkv = 1;
@@ -110,8 +121,8 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
                             pa__cpu_item *it = &items[ni];
                             it->seq = s, it->kvh = kvh, it->nkv = nk, it->h0 = h0, it->nh = nh;
                             it->t0 = t0, it->nt = nt;
-                            it->k0 = c * ch;
-                            it->k1 = (c + 1) * ch < reach ? (c + 1) * ch : reach;
+                            it->k0 = (c0 + c) * ch;
+                            it->k1 = reach - it->k0 > ch ? it->k0 + ch : reach;
                             it->part = nch > 1 ? np + c * rows : -1;
                             it->cost = rows * (it->k1 - it->k0 + 16);
                         }
