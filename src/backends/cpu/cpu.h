@@ -13,7 +13,9 @@
  *    from the cache, converting in registers.
  * Long key ranges are cut into chunks at fixed multiples of a chunk size that depends only on the
  * sequence's own query and key lengths; chunked rows are merged by LSE in chunk order afterwards,
- * so results are bitwise identical for any thread count and any batch around the sequence.
+ * so results are bitwise identical for any thread count and any batch around the sequence. Only
+ * the chunks a tile's rows can see are planned (a local window hides the others), and prompts
+ * of 1024 tokens or more, whose tiles already give the threads work, are not cut (cpu_plan.c).
  */
 #ifndef PAGEDATTN_CPU_H
 #define PAGEDATTN_CPU_H
