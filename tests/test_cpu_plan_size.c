@@ -97,6 +97,12 @@ int main(void)
     printf("prompt chunk of 17 over 60000 keys: %lld bytes\n", (long long)b);
     CHECK(b > (256 << 10) && b < (4 << 20));
 
+    /* a speculative step of 16 tokens over 2M keys: at most 128 key chunks (was 4096 of 512
+     * keys: ~138 MB of partial rows at these heads; now ~4.3 MB) */
+    b = plan_bytes(ctx, (1 << 21) - 16, 16, 0, 16);
+    printf("speculative step of 16 over 2M keys: %lld bytes\n", (long long)b);
+    CHECK(b > 0 && b < (8 << 20));
+
     pa_context_destroy(ctx);
     pa_set_allocator(NULL);
     return test_exit();
