@@ -426,9 +426,10 @@ PA_API const pa_batch_metadata *pa_batch_get_metadata(const pa_batch *batch);
  * block_size), so kv_len = (pages - 1) * block_size + last_page_len. Fills seqs[i].block_table
  * (pointing into indices), num_blocks and, given qo_indptr [num_seqs + 1] (query cumsum),
  * query_len = qo_indptr[i+1] - qo_indptr[i] and context_len = kv_len - query_len (without it,
- * query_len 1; qo_indptr[0] must be 0); is_prefill is set for query_len > 1. Errors for non-monotonic indptr,
- * last_page_len out of range, query_len > kv_len (so a sequence with no pages, whose kv_len is
- * 0, is an error: every sequence has at least its query's tokens). pa_batch_create then wants
+ * query_len 1; qo_indptr[0] must be 0); is_prefill is set for query_len > 1. Errors for
+ * non-monotonic indptr, a qo_indptr not starting at 0, last_page_len out of range, query_len >
+ * kv_len (so a sequence with no pages, whose kv_len is 0, is an error: every sequence has at
+ * least its query's tokens). pa_batch_create then wants
  * the prefills first (vLLM's order; FlashInfer has none): reorder the CSR rows if need be. */
 PA_API pa_status pa_seqs_from_csr(int32_t num_seqs, const int32_t *qo_indptr,
                                   const int32_t *kv_indptr, const int32_t *kv_indices,

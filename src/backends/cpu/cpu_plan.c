@@ -16,11 +16,11 @@
  * give parallelism: 4096 (a 2048-token causal f32 prefill, one thread: 292.9 -> 283.0 ms median
  * against 1024, whose split rows' partial rows, merges and second query loads took 3%; never
  * splitting, 283.1; bench/NOTES.md, thirty-eighth pass). Short queries (decode, speculative
- * steps): 256 keys up to 1024 keys, 512 beyond (doubled past 64k keys, at most 128 chunks), so that even a lone sequence of more than 256
- * keys makes several chunks and keeps two threads busy (a lone 512-key decode was one chunk, on
- * one thread). A chunk has fixed costs (its query rows, its partial rows and their merge):
- * chunks of 128 keys made a lone 512-key decode 5.6% slower on one thread, and 8 of 128 instead
- * of 2 of 512 a 1024-key one 4%. */
+ * steps): 256 keys up to 1024 keys, 512 beyond (doubled past 64k keys: at most 128 chunks), so
+ * that even a lone sequence of more than 256 keys makes several chunks and keeps two threads
+ * busy (a lone 512-key decode was one chunk, on one thread). A chunk has fixed costs (its query
+ * rows, its partial rows and their merge): chunks of 128 keys made a lone 512-key decode 5.6%
+ * slower on one thread, and 8 of 128 instead of 2 of 512 a 1024-key one 4%. */
 static bool short_query(int32_t query_len) { return query_len <= 16; }
 
 static int64_t chunk_keys(int32_t query_len, int64_t kv_len)
