@@ -1,10 +1,11 @@
-/* test_cpu_plan_size.c: the cpu backend's plan for a batch holds what the batch's visible keys
- * need, not what its positions would: an audit (bench/NOTES.md, forty-second pass) found a
+/* test_cpu_plan_size.c: the cpu backend's plan for a batch stays bounded however far its
+ * sequences reach: an audit (bench/NOTES.md, forty-second pass) found a
  * decode at position 2^31 - 2 under a sliding window of 64 taking an 833 MB plan (an item and a
  * partial row for every 512-key chunk from key 0), and a 4096-token chunk of a prompt over 100k
  * cached keys a 1.7 GB one (its rows split into 4096-key chunks). The bytes the library
  * allocates while making each plan are counted through pa_set_allocator; the results of such
- * plans are checked against the reference by the case grid's window-chunks rows. */
+ * plans are checked against the reference by the case grid's window-chunks rows, and with plans
+ * made from other layers of their geometry on every grid row. */
 #define _POSIX_C_SOURCE 200112L
 #include "test.h"
 
@@ -73,17 +74,19 @@ int main(void)
     printf("decode at 4096 keys: %lld bytes\n", (long long)small);
     CHECK(small > 0 && small < (1 << 20));
 
-    /* a decode at position 2^31 - 2 (blocks of 2^20 tokens: a table of 2048 entries) under a
-     * window of 64: one or two chunks planned, as at 4096 keys (was ~4M items) */
+    /* a decode at position 2^31 - 2 (blocks of 2^20 tokens: a table of 2048 entries): at most
+     * 128 key chunks (~4M before the cap), whatever the layer's window: a plan serves every
+     * layer of its geometry, so one made from a sliding-window layer must cover a full-attention
+     * layer's keys too (an audit, forty-third pass: it did not), and is the same plan */
+    const int64_t none = plan_bytes(ctx, INT32_MAX - 1, 1, 0, 1 << 20);
+    printf("decode at 2^31 - 1 keys: %lld bytes\n", (long long)none);
+    CHECK(none > 0 && none <= 20 * small);
     int64_t b = plan_bytes(ctx, INT32_MAX - 1, 1, 64, 1 << 20);
     printf("decode at 2^31 - 1 keys, window 64: %lld bytes\n", (long long)b);
-    CHECK(b > 0 && b <= 2 * small);
-    /* a speculative step of 4 tokens there, and a window of 5000 (10-11 chunks) */
+    CHECK(b == none);
+    /* a speculative step of 4 tokens there */
     b = plan_bytes(ctx, INT32_MAX - 4, 4, 64, 1 << 20);
-    CHECK(b > 0 && b <= 4 * small);
-    b = plan_bytes(ctx, INT32_MAX - 1, 1, 5000, 1 << 20);
-    printf("decode at 2^31 - 1 keys, window 5000: %lld bytes\n", (long long)b);
-    CHECK(b > 0 && b <= 4 * small);
+    CHECK(b > 0 && b <= 4 * none);
 
     /* a 4096-token chunk of a prompt over 60k cached keys: its 512 tiles are not split by keys,
      * so no partial rows (it was 16 chunks of 4096 keys: ~135 MB of partial rows here) */
@@ -96,6 +99,12 @@ int main(void)
     b = plan_bytes(ctx, 60000, 17, 0, 16);
     printf("prompt chunk of 17 over 60000 keys: %lld bytes\n", (long long)b);
     CHECK(b > (256 << 10) && b < (4 << 20));
+
+    /* a 500-token chunk over 100k keys: 2 chunks of 65536 keys (was 25 of 4096: ~26 MB of
+     * partial rows at these heads, 208 MB at 32 x 128) */
+    b = plan_bytes(ctx, 100000, 500, 0, 16);
+    printf("prompt chunk of 500 over 100000 keys: %lld bytes\n", (long long)b);
+    CHECK(b > 0 && b < (4 << 20));
 
     /* a speculative step of 16 tokens over 2M keys: at most 128 key chunks (was 4096 of 512
      * keys: ~138 MB of partial rows at these heads; now ~4.3 MB) */

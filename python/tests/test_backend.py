@@ -586,3 +586,43 @@ def test_metadata_keeps_the_slots_it_was_built_with(backend):
             slots[:] = [12, 13]  # the caller reuses its buffer after the first layer
     assert md.slot_mapping.tolist() == [8, 9]
     assert written == [[8, 9]] * 3
+
+
+def test_window_and_full_layers_share_metadata(backend, rng):
+    """Gemma-2 and Mistral interleave sliding-window and full-attention layers of one geometry,
+    all over one metadata object per step: each layer attends with its own window whichever layer
+    came first (an audit found a full layer that followed a window layer dropping the keys that
+    layer's window hid: the cpu backend's plan had followed the window it was made for)."""
+    be = pa.get_attn_backend(backend)
+    H, Hkv, D, bs, W = 4, 2, 64, 16, 13
+    dt = np.dtype(np.float32)
+    cl, ql = [300, 280, 2000], [1, 7, 1]
+    tabs = tables(rng, [c + n for c, n in zip(cl, ql)], bs, 200)
+    Impl = be.get_impl_cls()
+    layers = [Impl(H, D, 0.125, Hkv, sliding_window=W), Impl(H, D, 0.125, Hkv),
+              Impl(H, D, 0.125, Hkv, sliding_window=W)]
+    windows = [(W - 1, 0), (-1, -1), (W - 1, 0)]
+    caches = []
+    for _ in layers:
+        cache = _kv_cache(be, 200, bs, Hkv, D, dt)
+        for i, c in enumerate(cl):
+            pos = np.arange(c)
+            cache[0][tabs[i][pos // bs], pos % bs] = randn(rng, (c, Hkv, D), dt)
+            cache[1][tabs[i][pos // bs], pos % bs] = randn(rng, (c, Hkv, D), dt)
+        caches.append(cache)
+    T = sum(ql)
+    q, k, v = (randn(rng, (T, h * D), dt) for h in (H, Hkv, Hkv))
+    q *= 3  # sharp rows: a dropped key shows
+
+    def metadata():
+        return be.make_metadata_builder(bs).build(seq_lens=[c + n for c, n in zip(cl, ql)],
+                                                  query_lens=ql, block_tables=tabs)
+
+    md = metadata()
+    outs = [impl.forward(q, k, v, cache, md) for impl, cache in zip(layers, caches)]
+    for impl, cache, out, win in zip(layers, caches, outs, windows):
+        ref = _ref_decoder_step(q.reshape(T, H, D), cache, tabs, cl, ql, "auto", 1, 1,
+                                scale=0.125, window=win)
+        O.assert_close(out.reshape(T, H, D), ref, dt)
+        # and the same bits as with metadata of its own (the K/V rows are written already)
+        np.testing.assert_array_equal(impl.forward(q, k, v, cache, metadata()), out)

@@ -1140,6 +1140,7 @@ typedef struct ginputs {
     size_t q_off, k_off, v_off; /* byte offsets in their buffers */
     int64_t ntok;
     int64_t nblocks;      /* blocks in each pool */
+    pa_layer *plan_layer; /* the layer plans are made from (NULL: layer); see plan_sibling */
 } ginputs;
 
 static int32_t blocks_for(int64_t n, int32_t b) { return (int32_t)((n + b - 1) / b); }
@@ -1164,6 +1165,35 @@ static pa_status make_layer(ginputs *in, uint64_t *rng)
     if (c->alibi) cfg.alibi_slopes = in->alibi;
     if (c->sinks) cfg.sinks = in->sinks;
     return pa_layer_create(&cfg, &in->layer);
+}
+
+/* Another layer of the case's geometry and dtypes with its other features switched: the local
+ * window (none where the case has one, else 2 keys back, and ahead for the encoder types;
+ * cross attention takes neither a window nor ALiBi), ALiBi, the soft cap, sinks, and block
+ * sparsity off where the case has it. A plan serves every
+ * layer of its geometry (pagedattn.h), as an engine whose sliding-window and full-attention
+ * layers alternate (Gemma-2, Mistral) uses it: forward over this layer and then the case's with
+ * a plan made from this one must give the case's layer the same bits (an audit found the cpu
+ * backend's plan following the window it was made for, and dropping a full-attention layer's
+ * keys). */
+static pa_status plan_sibling(const ginputs *in, pa_layer **out)
+{
+    const gcase *c = in->c;
+    pa_layer_config cfg;
+    pa_layer_config_init(&cfg, c->H, c->Hkv, c->D);
+    cfg.attn_type = c->type;
+    const bool cross = c->type == PA_ATTN_ENCODER_DECODER; /* (no window, no ALiBi) */
+    if (!cross && c->wl < 0 && c->wr < 0 && c->sw <= 0) {
+        cfg.window_left = 2;
+        if (c->type != PA_ATTN_DECODER) cfg.window_right = 2;
+    }
+    cfg.logits_soft_cap = c->softcap > 0 ? 0.0f : 30.0f;
+    cfg.q_dtype = c->qd, cfg.kv_dtype = c->kvd, cfg.out_dtype = c->outd, cfg.cache_dtype = c->cache;
+    cfg.k_scale = c->kscale, cfg.v_scale = c->vscale;
+    if (c->lscale > 0) cfg.scale = c->lscale;
+    if (!c->alibi && !cross) cfg.alibi_slopes = in->alibi;
+    if (!c->sinks) cfg.sinks = in->sinks;
+    return pa_layer_create(&cfg, out);
 }
 
 /* Cache strides for the case's layout; returns the elements one allocation of both pools
@@ -1383,6 +1413,7 @@ static void poison_inputs(ginputs *in)
 static void free_inputs(ginputs *in)
 {
     pa_layer_destroy(in->layer);
+    pa_layer_destroy(in->plan_layer);
     pa_batch_destroy(in->batch);
     gbuf_free(&in->pool_buf);
     gbuf_free(&in->qkv);
@@ -1497,7 +1528,10 @@ static pa_status run_forward_of(pa_context *ctx, const ginputs *in, goutputs *o,
         a.lse_head_stride = o->lse_hs;
     }
     pa_plan *plan = NULL;
-    pa_status s = pa_plan_create(ctx, in->layer, batch, &plan);
+    pa_status s = pa_plan_create(ctx, in->plan_layer ? in->plan_layer : in->layer, batch, &plan);
+    /* a plan made from another layer serves that layer first, as an engine's layers share one:
+     * nothing it leaves in the plan (partial rows) may reach the case's layer */
+    if (!s && in->plan_layer) s = pa_attn_forward(ctx, in->plan_layer, batch, plan, &a);
     if (!s) s = pa_attn_forward(ctx, in->layer, batch, plan, &a);
     if (!s) s = pa_context_synchronize(ctx);
     pa_plan_destroy(plan);
@@ -1745,6 +1779,23 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
         res->digest = fnv1a(fnv1a(0xcbf29ce484222325ull, got.out.p, got.out.bytes), got.lse.p, got.lse.bytes);
         if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
             fail(&k, "the cache after forward differs from the reference's");
+        /* again with the plan made from another layer of the geometry (plan_sibling) */
+        if (!k.fail) {
+            goutputs again;
+            memset(&again, 0, sizeof again);
+            int same = 0;
+            pa_status s2 = plan_sibling(&in, &in.plan_layer);
+            if (!s2) s2 = rerun(backend, &in, &again, device, num_threads, 0, &got, &same, &caller);
+            if (s2)
+                fail(&k, "forward with a plan made from another layer failed: %s: %s", pa_status_name(s2),
+                     pa_last_error());
+            else if (!same)
+                fail(&k, "a plan made from another layer of the geometry (window, ALiBi, soft cap, sinks, "
+                         "block sparsity switched) gives other bits");
+            free_outputs(&again);
+            pa_layer_destroy(in.plan_layer);
+            in.plan_layer = NULL;
+        }
         /* again with det_threads threads, then each sequence alone: the same bits each time */
         for (int alone = 0; alone < 2 && !k.fail && det_threads > 0 && (!alone || c->nseq > 1); alone++) {
             goutputs again;

@@ -572,7 +572,8 @@ typedef struct pa__cpu_item {
 typedef struct pa__cpu_merge {
     int32_t seq, h0, nh, t0, nt, nkv; /* rows as in pa__cpu_item */
     int32_t nchunks;
-    int64_t part; /* slots part + c * nrows + r for chunk c, row r */
+    int64_t chunk; /* keys per chunk: chunk c is [c * chunk, (c + 1) * chunk) */
+    int64_t part;  /* slots part + c * nrows + r for chunk c, row r */
 } pa__cpu_merge;
 
 typedef struct pa__cpu_plan {

@@ -341,6 +341,22 @@ static inline void row_of(int r, int32_t h0, int32_t nh, int32_t nt, int32_t gro
     *h = h0 + k * group + rem % nh;
 }
 
+/* Whether some row of a tile (sequence s, tokens t0 .. t0 + nt - 1) sees a key of [k0, k1) in
+ * this layer: the plan is made for every layer of its geometry, so a chunk that this layer's
+ * window hides from the whole tile is an item with nothing to do, and no part of its merge
+ * (items and merges decide alike; the union of the rows' key ranges is that of the first
+ * row's low bound and the last row's high one, both growing with the position). */
+static bool chunk_seen(const struct pa_layer *L, const struct pa_batch *b, int32_t s, int32_t t0, int32_t nt,
+                       int64_t k0, int64_t k1)
+{
+    const int64_t kv = pa__kv_len(b, L->cfg.attn_type, s);
+    const int64_t p0 = (int64_t)b->md.context_lens[s] + t0;
+    int64_t lo, hi, unused;
+    pa__key_range(L, p0, kv, &lo, &unused);
+    pa__key_range(L, p0 + nt - 1, kv, &unused, &hi);
+    return (lo > k0 ? lo : k0) < (hi < k1 ? hi : k1);
+}
+
 /* Whether a row's sum or some element of its o is NaN or infinite (bits: vectorizable). */
 static bool row_nonfinite(const float *o, int d, float l)
 {
@@ -376,8 +392,16 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
     const int64_t qs = b->md.query_start_loc[it->seq];
     const int64_t ctxl = b->md.context_lens[it->seq];
     const int64_t kvlen = pa__kv_len(b, cfg->attn_type, it->seq);
-    const bool split = it->part >= 0;
+    bool split = it->part >= 0;
     const bool bs = cfg->blocksparse.block_size > 0;
+    if (split) {
+        /* a chunk the layer's window hides from every row: its merge passes over it; the only
+         * chunk the window leaves: its rows finish here, as an unsplit item's, and its merge
+         * does nothing (run_merge) */
+        if (!chunk_seen(L, b, it->seq, it->t0, it->nt, it->k0, it->k1)) return false;
+        split = chunk_seen(L, b, it->seq, it->t0, it->nt, 0, it->k0) ||
+                chunk_seen(L, b, it->seq, it->t0, it->nt, it->k1, INT64_MAX);
+    }
 
     int64_t ulo = INT64_MAX, uhi = INT64_MIN;
     int64_t vlo = INT64_MIN, vhi = INT64_MAX; /* every row sees [vlo, vhi) (maybe empty) */
@@ -729,13 +753,19 @@ static void run_merge(void *arg, int64_t index, int thread)
     const int nr = mg->nh * mg->nt * mg->nkv;
     const int64_t qs = f->batch->md.query_start_loc[mg->seq];
     float *acc = J->c->scratch[thread].o;
+    /* the chunks this layer's window leaves to the tile (chunk_seen: their items ran; the
+     * visible ones are consecutive); none: empty rows (or the sink's) */
+    int c0 = 0, c1 = mg->nchunks;
+    while (c0 < c1 && !chunk_seen(L, f->batch, mg->seq, mg->t0, mg->nt, c0 * mg->chunk, (c0 + 1) * mg->chunk)) c0++;
+    while (c1 > c0 && !chunk_seen(L, f->batch, mg->seq, mg->t0, mg->nt, (c1 - 1) * mg->chunk, c1 * mg->chunk)) c1--;
+    if (c1 - c0 == 1) return; /* (its item wrote the rows) */
     for (int r = 0; r < nr; r++) {
         int t;
         int32_t h;
         row_of(r, mg->h0, mg->nh, mg->nt, L->group, &t, &h);
         float M = L->sinks ? L->sinks[h] : -INFINITY;
         bool bad = false;
-        for (int c = 0; c < mg->nchunks; c++) {
+        for (int c = c0; c < c1; c++) {
             const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
             bad |= isnan(pr[1]);
             if (pr[1] > 0.0f && pr[0] > M) M = pr[0];
@@ -744,7 +774,7 @@ static void run_merge(void *arg, int64_t index, int thread)
         memset(acc, 0, (size_t)d * sizeof(float));
         if (M != -INFINITY) {
             if (L->sinks) Lsum = expf(L->sinks[h] - M);
-            for (int c = 0; c < mg->nchunks; c++) {
+            for (int c = c0; c < c1; c++) {
                 const float *pr = J->p->part + (size_t)(mg->part + (int64_t)c * nr + r) * (dp + 2);
                 if (!(pr[1] > 0.0f)) continue;
                 if (pa__cpu_far(pr[0] - M)) {

@@ -25,10 +25,20 @@ static bool short_query(int32_t query_len) { return query_len <= 16; }
 
 static int64_t chunk_keys(int32_t query_len, int64_t kv_len)
 {
-    /* a prompt of 1024 tokens or more has its tiles for parallelism and is not split at all:
-     * each split row costs a partial row in the plan, which for a 4096-token chunk of a prompt
-     * over 100k cached keys came to 1.7 GB (an audit, forty-second pass) */
-    if (!short_query(query_len)) return query_len < 1024 ? 4096 : (kv_len > 0 ? kv_len : 1);
+    if (!short_query(query_len)) {
+        /* a prompt of 1024 tokens or more has its tiles for parallelism and is not split at all:
+         * each split row costs a partial row in the plan, which for a 4096-token chunk of a prompt
+         * over 100k cached keys came to 1.7 GB (an audit, forty-second pass). Shorter ones take
+         * 4096-key chunks, doubled while a sequence would have more than 1024 split rows (query
+         * tokens times chunks): a 500-token chunk over 100k keys made 25 chunks, 208 MB of partial
+         * rows at 32 heads x 128, now 2 (17 MB); a chunk of 64 tokens makes at most 16, one of 17
+         * tokens 60 */
+        if (query_len >= 1024) return kv_len > 0 ? kv_len : 1;
+        const int64_t most = 1024 / query_len;
+        int64_t ch = 4096;
+        while (kv_len > most * ch) ch *= 2;
+        return ch;
+    }
     if (kv_len <= 1024) return 256;
     /* 512, doubled while a sequence would have more than 128 chunks: enough items for any pool,
      * and the partial rows of a 16-token speculative step over 2M keys 34 MB instead of 1.1 GB
@@ -52,20 +62,18 @@ static row_shape shape_of(int32_t group)
     return r;
 }
 
-/* The keys [*lo, *hi) some row of a query tile may see: the causal limit and the local window
- * (pa__key_range) of its first and last positions, whose bounds only grow with the position;
- * empty when *hi <= *lo. Block sparsity hides more, tile by tile, inside. Chunks wholly outside
- * are not made: a sliding-window layer's items and partial rows follow its window, not its
- * context (a decode at position 2^31 with a window of 64 took an 833 MB plan; an audit,
- * forty-second pass). */
-static void tile_keys(const struct pa_layer *L, const struct pa_batch *b, int32_t s, int32_t t0, int32_t nt,
-                      int64_t *lo, int64_t *hi)
+/* The keys [0, *hi) some row of a query tile may see by the causal limit of its last position
+ * (none for encoder types: every key). A plan serves every layer of its geometry (the header),
+ * whatever that layer's local window, so the window is not planned for: a plan that followed it
+ * (forty-second pass) dropped the keys of a full-attention layer that reused a sliding-window
+ * layer's plan (an audit, forty-third pass: Gemma-2's and Mistral's interleaved layers). The
+ * window and block sparsity hide keys row by row at forward; chunks they hide wholly make empty
+ * items, and the chunk caps above bound their count. */
+static int64_t tile_reach(const struct pa_layer *L, const struct pa_batch *b, int32_t s, int32_t t0, int32_t nt)
 {
     const int64_t kv = pa__kv_len(b, L->cfg.attn_type, s);
-    const int64_t p0 = (int64_t)b->md.context_lens[s] + t0; /* (the positions of item_pass) */
-    int64_t unused;
-    pa__key_range(L, p0, kv, lo, &unused);
-    pa__key_range(L, p0 + nt - 1, kv, &unused, hi);
+    const int64_t last = (int64_t)b->md.context_lens[s] + t0 + nt - 1; /* (the positions of item_pass) */
+    return L->cfg.attn_type == PA_ATTN_DECODER && last + 1 < kv ? last + 1 : kv;
 }
 
 static int cmp_items(const void *pa, const void *pb)
@@ -94,12 +102,10 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
         for (int64_t t0_64 = 0; t0_64 < qlen; t0_64 += rs.nt) {
             int32_t t0 = (int32_t)t0_64;
             int32_t nt = qlen - t0 < rs.nt ? qlen - t0 : rs.nt;
-            int64_t lo, reach;
-            tile_keys(L, b, s, t0, nt, &lo, &reach);
-            /* chunks c0 .. c0 + nch - 1 (at absolute multiples of ch); one empty item where no
-             * key is visible (its rows are written as empty rows) */
-            int64_t c0 = 0, nch = 1;
-            if (reach > lo) c0 = lo / ch, nch = (reach + ch - 1) / ch - c0;
+            /* chunks 0 .. nch - 1 (at absolute multiples of ch); one empty item where no key is
+             * visible (its rows are written as empty rows) */
+            int64_t reach = tile_reach(L, b, s, t0, nt), nch = 1;
+            if (reach > 0) nch = (reach + ch - 1) / ch;
             else reach = 0;
             /* short tiles (decode) take several KV heads per item, so that a cache block is
              * read front to back across its heads instead of as scattered per-head runs */
@@ -120,6 +126,7 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
                         pa__cpu_merge *m = &merges[nm];
                         m->seq = s, m->h0 = h0, m->nh = nh, m->t0 = t0, m->nt = nt, m->nkv = nk;
                         m->nchunks = (int32_t)nch;
+                        m->chunk = ch;
                         m->part = np;
                     }
                     for (int64_t c = 0; c < nch; c++) {
@@ -127,7 +134,7 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
                             pa__cpu_item *it = &items[ni];
                             it->seq = s, it->kvh = kvh, it->nkv = nk, it->h0 = h0, it->nh = nh;
                             it->t0 = t0, it->nt = nt;
-                            it->k0 = (c0 + c) * ch;
+                            it->k0 = c * ch;
                             it->k1 = reach - it->k0 > ch ? it->k0 + ch : reach;
                             it->part = nch > 1 ? np + c * rows : -1;
                             it->cost = rows * (it->k1 - it->k0 + 16);
