@@ -1011,6 +1011,37 @@ static void build_cases(void)
     c.seqs[0] = (gseq){1200, 1030, 1, 0}; /* no window: one chunk of 2230 keys */
     c.seqs[1] = (gseq){4500, 1, 0, 0};
     push(c, "window-chunks");
+
+    /* 9-16 query rows per KV head over f16 and fp8 caches (speculative steps, GQA 9-16): the
+     * decode kernels straight from the cache where the table's direct_rows_* allow (cpu.h) */
+    c = base_case();
+    c.H = 16, c.Hkv = 4, c.D = 128, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_F16;
+    c.nseq = 4;
+    c.seqs[0] = (gseq){300, 3, 0, 0};  /* 12 rows per KV head */
+    c.seqs[1] = (gseq){1100, 4, 0, 0}; /* 16, key chunks merged */
+    c.seqs[2] = (gseq){77, 2, 0, 0};   /* 8 */
+    c.seqs[3] = (gseq){500, 5, 0, 0};  /* 20: converted copies */
+    push(c, "spec-rows");
+    c.nonfinite = 1, c.sinks = 1, c.wl = 200, c.wr = 0, c.qd = PA_DTYPE_F32, c.outd = PA_DTYPE_F32;
+    push(c, "spec-rows");
+    c = base_case();
+    c.H = 18, c.Hkv = 2, c.D = 64; /* GQA 9 */
+    c.cache = c.kvd = PA_DTYPE_F16, c.qd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){900, 1, 0, 0};
+    c.seqs[1] = (gseq){40, 1, 0, 0};
+    push(c, "spec-rows");
+    c = base_case();
+    c.H = 16, c.Hkv = 2, c.D = 128, c.layout = LAYOUT_HND; /* GQA 8 x 2 tokens */
+    c.cache = PA_DTYPE_FP8_E4M3, c.kvd = c.qd = c.outd = PA_DTYPE_BF16, c.kscale = 0.75f, c.vscale = 1.5f;
+    c.nonfinite = 1;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){700, 2, 0, 0};
+    c.seqs[1] = (gseq){95, 2, 0, 0};
+    push(c, "spec-rows");
+    c.cache = PA_DTYPE_FP8_E5M2, c.qd = PA_DTYPE_F16, c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
+    push(c, "spec-rows");
 }
 
 int grid_count(void)

@@ -269,6 +269,12 @@ typedef struct pa__cpu_kernels {
      * size the decode kernels take). */
     int qk_e4m3_bf16_rows;
     int qk_e4m3_bf16_dims;
+    /* Query rows per KV head up to which decode tiles over f16 and over fp8 caches take qk_src
+     * and pv_src (0: 8; bf16 and f32 caches: 16). Above them a tile goes through converted
+     * copies, not transposed where the item holds more KV heads than CPU_KROWS / CPU_KT: a
+     * speculative step of 3 tokens at GQA 4 over f16 took 1.7x the time of one over bf16 (an
+     * audit, forty-third pass; bench/NOTES.md). */
+    int direct_rows_f16, direct_rows_fp8;
     /* Optional (NULL: qk_src). The same for E5M2 key rows (byte tables, AVX512-VBMI): an
      * infinite key value gives an infinite or NaN score as in fp32; any nr, dp a multiple of 16. */
     void (*qk_src_e5m2_bf16)(const void *const *krows, int nc, const uint16_t *q16, int nr, int dp, float scale,

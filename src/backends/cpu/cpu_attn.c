@@ -463,7 +463,9 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * bf16 and fp32 caches, whose conversion costs a shift or nothing (AVX2, 16 x 4096 one
          * thread, direct against the converted copy at 12 and 16 rows: bf16 -7 to -12%, fp32 -23
          * to -27%, f16 +0 to +7%, E4M3 +4 to +11%; bench/NOTES.md, thirteenth pass) */
-        const int direct_rows = ks[0].dtype == PA_DTYPE_BF16 || ks[0].dtype == PA_DTYPE_F32 ? 16 : 8;
+        const bool narrow = ks[0].dtype != PA_DTYPE_BF16 && ks[0].dtype != PA_DTYPE_F32;
+        const int narrow_rows = ks[0].dtype == PA_DTYPE_F16 ? K->direct_rows_f16 : K->direct_rows_fp8;
+        const int direct_rows = !narrow ? 16 : narrow_rows > 0 ? narrow_rows : 8;
         const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= direct_rows;
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
          * prefetches spread over the kernels' loops, measured equal to 16 from DRAM for bf16 and
@@ -605,6 +607,11 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                         K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT, &pfvr);
                     }
                 } else {
+                    /* (other tiles: this head's V rows prefetched for the PV after the softmax,
+                     * the next tile's K rows during the PV; a decode of head size 120 waited on
+                     * its reads here without them: an audit, forty-third pass) */
+                    key_rows(&ks[k], true, a, nc, sc->rows);
+                    prefetch_rows(sc->rows, nc, row_bytes);
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
@@ -679,8 +686,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 } else {
                     const void *const *vrows = vr[k];
                     if (!transposed) key_rows(&ks[k], true, a, nc, vr[k]);
-                    /* the next tile's K rows of this head (transposed tiles; read next) */
-                    pfkr.n = transposed && e < uhi ? (int)(ne - e) : 0;
+                    /* the next tile's K rows of this head (read next) */
+                    pfkr.n = e < uhi ? (int)(ne - e) : 0;
                     if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
                     const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
                     if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv) &&

@@ -1438,6 +1438,9 @@ static void a2_store_row(pa_dtype dtype, const float *src, int d, float mul, voi
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
 {
     k->name = "avx2";
+    /* 9-16 query rows per KV head straight from f16 caches: 16 x 4096, one thread, a 3-token
+     * step at GQA 4 79.4 -> 58.2 ms, GQA 9 38.0 -> 24.7; fp8 not (E5M2 at GQA 16 +14%) */
+    k->direct_rows_f16 = 16;
     k->load_rows = a2_load_rows;
     k->qk = a2_qk;
     k->row_max = a2_row_max;
