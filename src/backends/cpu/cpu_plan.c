@@ -114,6 +114,11 @@ static void enumerate(const struct pa_layer *L, const struct pa_batch *b, pa__cp
                 nkv = CPU_ROWS / (rs.nh * nt);
                 if (nkv > cfg->num_kv_heads) nkv = cfg->num_kv_heads;
                 if (nkv > CPU_KROWS / 16) nkv = CPU_KROWS / 16;
+                /* more rows per KV head than any decode kernel takes (16, cpu.h): tiles of
+                 * CPU_KT keys for the transposed kernels, whose K scratch holds CPU_KROWS rows
+                 * (a 5-token speculative step at GQA 4 went through the untransposed copies at
+                 * 42-key tiles: 1.7-1.9x the time of a 4-token one; an audit, forty-third pass) */
+                if (rs.nh * nt > 16 && nkv > CPU_KROWS / CPU_KT) nkv = CPU_KROWS / CPU_KT;
                 if (nkv < 1) nkv = 1;
             }
             for (int32_t kvh = 0; kvh < cfg->num_kv_heads; kvh += nkv) {
