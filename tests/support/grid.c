@@ -1042,6 +1042,20 @@ static void build_cases(void)
     push(c, "spec-rows");
     c.cache = PA_DTYPE_FP8_E5M2, c.qd = PA_DTYPE_F16, c.kvd = PA_DTYPE_F16, c.outd = PA_DTYPE_F32;
     push(c, "spec-rows");
+    /* 17-32 rows over 2- and 4-byte caches: the decode kernels in two calls per head */
+    c = base_case();
+    c.H = 16, c.Hkv = 4, c.D = 64, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 4;
+    c.seqs[0] = (gseq){300, 5, 0, 0};  /* 20 rows per KV head */
+    c.seqs[1] = (gseq){1100, 8, 0, 0}; /* 32, key chunks merged */
+    c.seqs[2] = (gseq){40, 6, 0, 0};   /* 24 */
+    c.seqs[3] = (gseq){600, 9, 0, 0};  /* 36: converted copies */
+    push(c, "spec-rows");
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.nonfinite = 1, c.sw = 100, c.D = 128;
+    push(c, "spec-rows");
+    c.cache = c.kvd = PA_DTYPE_F16, c.nonfinite = 0, c.sw = 0, c.sinks = 1, c.softcap = 20.0f;
+    push(c, "spec-rows");
 }
 
 int grid_count(void)

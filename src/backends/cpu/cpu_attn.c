@@ -488,7 +488,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const bool narrow = ks[0].dtype != PA_DTYPE_BF16 && ks[0].dtype != PA_DTYPE_F32;
         const int narrow_rows = ks[0].dtype == PA_DTYPE_F16 ? K->direct_rows_f16 : K->direct_rows_fp8;
         const int direct_rows = !narrow ? 16 : narrow_rows > 0 ? narrow_rows : 8;
-        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= direct_rows;
+        const bool fp8 = ks[0].esz == 1;
+        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
          * prefetches spread over the kernels' loops, measured equal to 16 from DRAM for bf16 and
          * 5-10% faster L3-resident and for fp8; 16 was better while the driver prefetched each
@@ -617,14 +618,21 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                     pa__cpu_pf pfr;
                     const pa__cpu_pf *pf =
                         dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes) : NULL;
-                    if (q16)
-                        K->qk_src_bf16(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
-                    else if (q16e)
-                        qk8(kr[k], nc, sc->q16 + (size_t)k * nrk * dp, nrk, dp, qsc, sk, CPU_KT, pf);
-                    else if (pairs)
-                        K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
-                    else
-                        K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + (size_t)k * nrk * dp, nrk, dp, sk, CPU_KT, pf);
+                    /* (rows past direct_rows: further calls over the tile's keys, from L1) */
+                    for (int r0 = 0; r0 < nrk; r0 += direct_rows) {
+                        const int n = nrk - r0 < direct_rows ? nrk - r0 : direct_rows;
+                        const size_t qo = ((size_t)k * nrk + (size_t)r0) * dp;
+                        float *skr = sk + (size_t)r0 * CPU_KT;
+                        const pa__cpu_pf *pfc = r0 ? NULL : pf;
+                        if (q16)
+                            K->qk_src_bf16(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
+                        else if (q16e)
+                            qk8(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
+                        else if (pairs)
+                            K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
+                        else
+                            K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
+                    }
                 } else if (transposed) {
                     key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
                     pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes};
@@ -711,9 +719,17 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                         if (pf) prefetch_rows(pf->rows, pf->n, row_bytes);
                         K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
                         pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok, NULL);
-                    } else if (!(vpairs && K->pv_src_bf16(vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf))) {
-                        /* (bf16 dot products where the table has them and the rows suit them) */
-                        K->pv_src(e4b ? PA__CPU_E4M3B : ks[k].dtype, vr[k], nc, pk, CPU_KT, nrk, dp, ak, cm, ok, pf);
+                    } else {
+                        for (int r0 = 0; r0 < nrk; r0 += direct_rows) {
+                            const int n = nrk - r0 < direct_rows ? nrk - r0 : direct_rows;
+                            const float *pkr = pk + (size_t)r0 * CPU_KT;
+                            float *okr = ok + (size_t)r0 * dp;
+                            const pa__cpu_pf *pfc = r0 ? NULL : pf;
+                            /* (bf16 dot products where the table has them and the rows suit them) */
+                            if (!(vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)))
+                                K->pv_src(e4b ? PA__CPU_E4M3B : ks[k].dtype, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm,
+                                          okr, pfc);
+                        }
                     }
                 } else {
                     const void *const *vrows = vr[k];
