@@ -34,6 +34,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "micro.h"
+
 #ifndef NF
 #  define NF 12
 #endif
@@ -48,22 +50,6 @@
 #endif
 
 enum { SEQS = 16, CTX = 4096, HEADS = 8, BS = 16, KT = 32, ROW = 256, RUN = BS * ROW };
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 /* every line of rows [a, b) of a call */
 static inline void prefetch_rows(const char *const *rows, int a, int b)
@@ -127,7 +113,7 @@ int main(void)
     int *table = malloc(sizeof(int) * (size_t)nblk);
     for (int i = 0; i < nblk; i++) table[i] = i;
     for (int i = nblk - 1; i > 0; i--) {
-        int j = (int)(next() % (uint64_t)(i + 1)), t = table[i];
+        int j = (int)(micro_next() % (uint64_t)(i + 1)), t = table[i];
         table[i] = table[j];
         table[j] = t;
     }

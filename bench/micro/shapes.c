@@ -28,12 +28,8 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
+#include "micro.h"
+
 static int cmpd(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -46,14 +42,14 @@ __attribute__((target("avx512f"))) static double read_pass(void)
 {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     const unsigned char *p = g_flush;
-    double t0 = now_s();
+    double t0 = now();
     for (size_t i = 0; i < FLUSH_BYTES; i += 256) {
         a0 = _mm512_xor_si512(a0, _mm512_load_si512((const void *)(p + i)));
         a1 = _mm512_xor_si512(a1, _mm512_load_si512((const void *)(p + i + 64)));
         a2 = _mm512_xor_si512(a2, _mm512_load_si512((const void *)(p + i + 128)));
         a3 = _mm512_xor_si512(a3, _mm512_load_si512((const void *)(p + i + 192)));
     }
-    double t = now_s() - t0;
+    double t = now() - t0;
     a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
     volatile long long s = _mm512_reduce_add_epi64(a0);
     (void)s;
@@ -65,7 +61,7 @@ __attribute__((target("avx512f"))) static double fma_peak(void)
     const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
     __m512 c[12];
     for (int i = 0; i < 12; i++) c[i] = _mm512_set1_ps((float)i);
-    double t0 = now_s();
+    double t0 = now();
     for (long it = 0; it < iters; it++) {
         c[0] = _mm512_fmadd_ps(c[0], a, b); c[1] = _mm512_fmadd_ps(c[1], a, b);
         c[2] = _mm512_fmadd_ps(c[2], a, b); c[3] = _mm512_fmadd_ps(c[3], a, b);
@@ -74,7 +70,7 @@ __attribute__((target("avx512f"))) static double fma_peak(void)
         c[8] = _mm512_fmadd_ps(c[8], a, b); c[9] = _mm512_fmadd_ps(c[9], a, b);
         c[10] = _mm512_fmadd_ps(c[10], a, b); c[11] = _mm512_fmadd_ps(c[11], a, b);
     }
-    double t = now_s() - t0;
+    double t = now() - t0;
     __m512 s = c[0];
     for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, c[i]);
     volatile float v = _mm512_reduce_add_ps(s);
@@ -82,17 +78,9 @@ __attribute__((target("avx512f"))) static double fma_peak(void)
     return 12.0 * 32 * iters / t / 1e9;
 }
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t xr(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 static float gauss(void)
 {
-    double u1 = ((xr() >> 11) + 1.0) / 9007199254740993.0, u2 = (xr() >> 11) / 9007199254740992.0;
+    double u1 = ((micro_next() >> 11) + 1.0) / 9007199254740993.0, u2 = (micro_next() >> 11) / 9007199254740992.0;
     return (float)(sqrt(-2 * log(u1)) * cos(2 * M_PI * u2));
 }
 /* fill n elements of dtype at p with N(0, sd) values (a 1 MiB pattern tiled) */
@@ -281,7 +269,7 @@ static int setup(cs *c, const char *spec, int reps)
     int32_t *perm = malloc(sizeof(int32_t) * (pool_blocks > 0 ? pool_blocks : 1));
     for (int64_t i = 0; i < pool_blocks; i++) perm[i] = (int32_t)i;
     for (int64_t i = pool_blocks - 1; i > 0; i--) {
-        int64_t j = (int64_t)(xr() % (uint64_t)(i + 1));
+        int64_t j = (int64_t)(micro_next() % (uint64_t)(i + 1));
         int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
     }
     /* decoder: self blocks from perm; cross: self blocks need a pool too; use a separate tiny
@@ -383,9 +371,9 @@ int main(int argc, char **argv)
             cs *c = &cases[i];
             if (!c->ok) continue;
             bw[nb++] = read_pass();
-            double t0 = now_s();
+            double t0 = now();
             for (int k = 0; k < c->iters; k++) pa_attn_forward(c->ctx, c->layer, c->batch, c->plan, &c->args);
-            c->t[r] = (now_s() - t0) / c->iters;
+            c->t[r] = (now() - t0) / c->iters;
         }
     qsort(bw, nb, sizeof(double), cmpd);
     double bwm = bw[nb - 1]; /* best read pass */
