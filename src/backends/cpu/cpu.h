@@ -13,9 +13,11 @@
  *    from the cache, converting in registers.
  * Long key ranges are cut into chunks at fixed multiples of a chunk size that depends only on the
  * sequence's own query and key lengths; chunked rows are merged by LSE in chunk order afterwards,
- * so results are bitwise identical for any thread count and any batch around the sequence. Only
- * the chunks a tile's rows can see are planned (a local window hides the others), and prompts
- * of 1024 tokens or more, whose tiles already give the threads work, are not cut (cpu_plan.c).
+ * so results are bitwise identical for any thread count and any batch around the sequence. A
+ * plan serves every layer of its geometry, so it follows causality, not a layer's window: forward
+ * passes over the chunks the layer's window hides from a whole tile. Prompts of 1024 tokens or
+ * more, whose tiles already give the threads work, are not cut, shorter ones into at most 1024 /
+ * query_len chunks, decodes into at most 128 (cpu_plan.c).
  */
 #ifndef PAGEDATTN_CPU_H
 #define PAGEDATTN_CPU_H
