@@ -287,7 +287,6 @@ static bool any_neg_inf(const pa__cpu_kernels *K, const float *s, int nr, int nc
     return any != 0;
 }
 
-/* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
 /* -inf on the scores of the keys a + c (c < nc) that row r does not see: outside its range
  * [lo, hi) or in a hidden sparse block. Run by run of keys that share their visibility (a
  * sparse block's keys within the range): a test per key, two 64-bit divisions and a remainder
@@ -317,6 +316,7 @@ static void mask_hidden(const struct pa_layer *L, const pa__cpu_scratch *sc, int
     }
 }
 
+/* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
 static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a,
                       int nc)
 {
@@ -488,6 +488,9 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const bool narrow = ks[0].dtype != PA_DTYPE_BF16 && ks[0].dtype != PA_DTYPE_F32;
         const int narrow_rows = ks[0].dtype == PA_DTYPE_F16 ? K->direct_rows_f16 : K->direct_rows_fp8;
         const int direct_rows = !narrow ? 16 : narrow_rows > 0 ? narrow_rows : 8;
+        /* past direct_rows, over 2- and 4-byte caches, up to 32 rows in calls of 16 (a 5-token
+         * step at GQA 4, one thread: bf16 82 -> 68 ms against the transposed copies; over E4M3
+         * 10% slower, so fp8 keeps them; bench/NOTES.md, forty-third pass) */
         const bool fp8 = ks[0].esz == 1;
         const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
