@@ -652,8 +652,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                     /* (other tiles: this head's V rows prefetched for the PV after the softmax,
                      * the next tile's K rows during the PV; a decode of head size 120 waited on
                      * its reads here without them: an audit, forty-third pass) */
-                    key_rows(&ks[k], true, a, nc, sc->rows);
-                    prefetch_rows(sc->rows, nc, row_bytes);
+                    key_rows(&ks[k], true, a, nc, vr[k]);
+                    prefetch_rows(vr[k], nc, row_bytes);
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
@@ -735,8 +735,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                         }
                     }
                 } else {
-                    const void *const *vrows = vr[k];
-                    if (!transposed) key_rows(&ks[k], true, a, nc, vr[k]);
+                    const void *const *vrows = vr[k]; /* (set with the tile's K rows) */
                     /* the next tile's K rows of this head (read next) */
                     pfkr.n = e < uhi ? (int)(ne - e) : 0;
                     if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
