@@ -461,9 +461,28 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const float qsc = (float)qsc_d; /* (inf where the product overflows fp32: fp32 kernels only) */
         key_src ks[CPU_KROWS / 16];
         for (int k = 0; k < it->nkv; k++) key_src_init(&ks[k], f, it->seq, it->kvh + k);
+        /* short tiles (decode) read K and V straight from the cache, converting in registers:
+         * nothing to amortize a converted copy over. Up to 8 query rows per KV head, 16 over
+         * bf16 and fp32 caches, whose conversion costs a shift or nothing (AVX2, 16 x 4096 one
+         * thread, direct against the converted copy at 12 and 16 rows: bf16 -7 to -12%, fp32 -23
+         * to -27%, f16 +0 to +7%, E4M3 +4 to +11%; bench/NOTES.md, thirteenth pass) */
+        const bool narrow = ks[0].dtype != PA_DTYPE_BF16 && ks[0].dtype != PA_DTYPE_F32;
+        const int narrow_rows = ks[0].dtype == PA_DTYPE_F16 ? K->direct_rows_f16 : K->direct_rows_fp8;
+        const int direct_rows = !narrow ? 16 : narrow_rows > 0 ? narrow_rows : 8;
+        /* past direct_rows, over 2- and 4-byte caches, up to 32 rows in calls of 16 (a 5-token
+         * step at GQA 4, one thread: bf16 82 -> 68 ms against the transposed copies; over E4M3
+         * 10% slower, so fp8 keeps them; bench/NOTES.md, forty-third pass) */
+        const bool fp8 = ks[0].esz == 1;
+        /* head sizes not a multiple of 16 where the table has qk_src_tail and pv_src_tail,
+         * with those kernels only: the other direct kernels read whole 16- or 32-dim steps
+         * (one thread, 16 x 4096 bf16 at head size 120, against copies: bench/NOTES.md,
+         * forty-fourth pass) */
+        const bool direct = K->qk_src && (d == dp || (K->qk_src_tail && K->pv_src_tail)) &&
+                            nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
-        bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16 && isfinite(qsc);
+        bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16 && isfinite(qsc) &&
+                   (d == dp || !direct);
         /* bf16 queries as given over fp8 keys too, where a table has qk_src_e4m3_bf16 (or
          * qk_src_e5m2_bf16), for the rows per KV head and head sizes it is meant for (decode
          * tiles: those rows are within the direct ones). One thread, 16 x 4096 from DRAM: E4M3
@@ -480,19 +499,6 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * would not score as the contract does go to the fp32 kernels (cpu.h, q16_load) */
         if ((q16 || q16e) && !K->q16_load(sc->rows, nr, d, dp, sc->q16, qsc, q16)) q16 = q16e = false;
         const int64_t row_bytes = (int64_t)d * (int64_t)ks[0].esz;
-        /* short tiles (decode) read K and V straight from the cache, converting in registers:
-         * nothing to amortize a converted copy over. Up to 8 query rows per KV head, 16 over
-         * bf16 and fp32 caches, whose conversion costs a shift or nothing (AVX2, 16 x 4096 one
-         * thread, direct against the converted copy at 12 and 16 rows: bf16 -7 to -12%, fp32 -23
-         * to -27%, f16 +0 to +7%, E4M3 +4 to +11%; bench/NOTES.md, thirteenth pass) */
-        const bool narrow = ks[0].dtype != PA_DTYPE_BF16 && ks[0].dtype != PA_DTYPE_F32;
-        const int narrow_rows = ks[0].dtype == PA_DTYPE_F16 ? K->direct_rows_f16 : K->direct_rows_fp8;
-        const int direct_rows = !narrow ? 16 : narrow_rows > 0 ? narrow_rows : 8;
-        /* past direct_rows, over 2- and 4-byte caches, up to 32 rows in calls of 16 (a 5-token
-         * step at GQA 4, one thread: bf16 82 -> 68 ms against the transposed copies; over E4M3
-         * 10% slower, so fp8 keeps them; bench/NOTES.md, forty-third pass) */
-        const bool fp8 = ks[0].esz == 1;
-        const bool direct = K->qk_src && d % CPU_DPAD == 0 && nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* direct tiles use no K/V scratch; their key tile is CPU_DECODE_KT (32: with the
          * prefetches spread over the kernels' loops, measured equal to 16 from DRAM for bf16 and
          * 5-10% faster L3-resident and for fp8; 16 was better while the driver prefetched each
@@ -520,7 +526,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * probabilities are rounded to the cache's dtype only, as the cuda backend's tensor-core
          * paths round them: not for an encoder's own bf16 rows beside a cache of another dtype. */
         const bool vpairs = ks[0].dtype == PA_DTYPE_BF16 && cfg->cache_dtype == PA_DTYPE_BF16 &&
-                            (direct ? K->pv_src_bf16 != NULL : K->pv_bf16 != NULL);
+                            (direct ? K->pv_src_bf16 != NULL && d == dp : K->pv_bf16 != NULL);
         /* long tiles (prefill) transpose K once and take outer products; needs the tile's
          * CPU_KT x dp transposed copy to fit the K scratch of one KV head */
         const bool transposed = !direct && K->qk_t && nrk > 8 && kt == CPU_KT && kt * it->nkv <= CPU_KROWS;
@@ -539,7 +545,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
             for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qm;
         }
         const bool e4p = direct && e4b && !q16e && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
-        const bool pairs = direct && !q16 && K->qk_src_pairs && dp % K->pair_span == 0 &&
+        const bool pairs = direct && !q16 && K->qk_src_pairs && d == dp && dp % K->pair_span == 0 &&
                            (ks[0].dtype == PA_DTYPE_BF16 || e4p);
         if (pairs) pa__cpu_pair_split(sc->q, nr, dp, K->pair_span);
         if (e4p)
@@ -633,6 +639,9 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                             qk8(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
                         else if (pairs)
                             K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
+                        else if (d != dp)
+                            K->qk_src_tail(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, d, dp, skr,
+                                           CPU_KT, pfc);
                         else
                             K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
                     }
@@ -729,9 +738,10 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                             float *okr = ok + (size_t)r0 * dp;
                             const pa__cpu_pf *pfc = r0 ? NULL : pf;
                             /* (bf16 dot products where the table has them and the rows suit them) */
-                            if (!(vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)))
-                                K->pv_src(e4b ? PA__CPU_E4M3B : ks[k].dtype, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm,
-                                          okr, pfc);
+                            const pa_dtype vt = e4b ? PA__CPU_E4M3B : ks[k].dtype;
+                            if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
+                            if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
+                            else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);
                         }
                     }
                 } else {

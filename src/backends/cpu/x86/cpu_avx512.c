@@ -91,6 +91,19 @@ AI __m512 cvt16r(pa_dtype dt, const char *p)
     return cvt16(dt, p);
 }
 
+/* cvt16r of the first n (0..15) values at p and zeros after them (zero bytes are 0 in every
+ * dtype), reading nothing past them: a row's last values where the head size is not a multiple
+ * of 16 (qk_src_tail, pv_src_tail: cpu.h). The masked load suppresses faults on the lanes it leaves out. */
+AI __m512 cvt16m(pa_dtype dt, const char *p, int n)
+{
+    const __mmask16 m = (__mmask16)((1u << n) - 1u);
+    _Alignas(64) char t[64];
+    if (esize(dt) == 4) _mm512_store_ps((float *)t, _mm512_maskz_loadu_ps(m, p));
+    else if (esize(dt) == 2) _mm256_store_si256((__m256i *)t, _mm256_maskz_loadu_epi16(m, p));
+    else _mm_store_si128((__m128i *)t, _mm_maskz_loadu_epi8(m, p));
+    return cvt16r(dt, t);
+}
+
 /* ---- fp8 decode rows by byte tables (AVX512-VBMI) ------------------------------------------
  * Where the CPU has AVX512-VBMI and fp8 rows are not read as bf16 words (so on Intel cores:
  * cpu_backend.c, PAGEDATTN_CPU_FP8), the decode QK and PV take E4M3 and E5M2 rows by the byte
@@ -127,13 +140,14 @@ AI __m512i perm2b(__m512i a, __m512i idx, const uint8_t *b)
 #endif
 }
 
-/* The first n (16, 32, 48 or 64) fp8 values at p (dt a table tag; zeros after them) as f32 in
+/* The first n (1..64; not a multiple of 16 only at a row's end: qk_src_tail) fp8 values at p
+ * (dt a table tag; zeros after them, the bytes after them not read) as f32 in
  * the tables' order: lane 4 L + m of x[0] holds value 16 L + 2 m, of x[1] 16 L + 2 m + 1, of
  * x[2] 16 L + 8 + 2 m, of x[3] 16 L + 9 + 2 m (L, m < 4). */
-AI void f8l_cvt(pa_dtype dt, const char *p, int n, __m512 *x)
+AI void f8l_cvtm(pa_dtype dt, const char *p, __mmask64 m, __m512 *x)
 {
     const uint8_t *tab = dt == PA__CPU_E4M3L ? pa__e4m3_bf16_tab : pa__e5m2_bf16_tab;
-    const __m512i raw = n == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(((__mmask64)1 << n) - 1, p);
+    const __m512i raw = m == ~(__mmask64)0 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(m, p);
     const __m512i hi = _mm512_ternarylogic_epi32(perm2b(_mm512_load_si512(tab), raw, tab + 64), raw,
                                                  _mm512_set1_epi8((char)0x80), 0xf8); /* a | (b & c) */
     const __m512i lo = perm2b(_mm512_load_si512(tab + 128), raw, tab + 192);
@@ -144,6 +158,17 @@ AI void f8l_cvt(pa_dtype dt, const char *p, int n, __m512 *x)
     x[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, odd));
     x[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
     x[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, odd));
+}
+
+/* f8l_cvtm of the first n (1..64) values */
+AI __mmask64 f8l_mask(int n)
+{
+    return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1;
+}
+
+AI void f8l_cvt(pa_dtype dt, const char *p, int n, __m512 *x)
+{
+    f8l_cvtm(dt, p, f8l_mask(n), x);
 }
 
 /* out[k]'s 128-bit block L = in[L]'s block k */
@@ -256,26 +281,46 @@ AI bool nan_seen(__m512i a)
 
 /* ---- decode QK: straight from the cache rows ---------------------------------------------- */
 
-/* One 64-dim step of qkz_block over fp8 rows by the tables (f8l): n (16..64) values of each key
- * from dim j, converted at once and used by the R rows, whose query vectors qs holds in the
- * tables' order (f8l_queries) */
-AI void qkf_step(int R, int KB, int n, pa_dtype dt, const void *const *krows, int c0, const float *qs, int j, __m512 *a)
+/* One 64-dim step of qkz_block over fp8 rows by the tables (f8l): the values of each key from
+ * dim j that mask m takes (f8l_mask), converted at once and used by the R rows, whose query
+ * vectors qs holds in the tables' order (f8l_queries) */
+AI void qkf_step(int R, int KB, __mmask64 m, pa_dtype dt, const void *const *krows, int c0, const float *qs, int j,
+                 __m512 *a)
 {
     for (int u = 0; u < KB; u++) {
         __m512 x[4];
-        f8l_cvt(dt, (const char *)krows[c0 + u] + j, n, x);
+        f8l_cvtm(dt, (const char *)krows[c0 + u] + j, m, x);
         for (int h = 0; h < R; h++)
             for (int i = 0; i < 4; i++)
                 a[h * KB + u] = _mm512_fmadd_ps(_mm512_load_ps(qs + (size_t)(h * 4 + i) * 16), x[i], a[h * KB + u]);
     }
 }
 
-/* S[r][c0 .. c0 + KB) for the R rows at q: R x KB accumulators over 16-dim steps (over fp8 rows
- * by the tables 64-dim steps, q the rows in the tables' order). */
-AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp,
-                  float *s, int lds, pa__cpu_pfc *pc, int per, __m512i *nan)
+/* One 16-dim step of qkz_block at dim j: n (16, or the last d % 16 by masked loads) values of
+ * each of the KB keys, converted once and used by the R rows */
+AI void qkz_step(int R, int KB, int n, pa_dtype dt, const void *const *krows, int c0, const float *q, int dp, int j,
+                 __m512 *a)
 {
     const size_t es = esize(dt);
+    __m512 x[16];
+    for (int u = 0; u < KB; u++) {
+        const char *kp = (const char *)krows[c0 + u] + (size_t)j * es;
+        x[u] = n == 16 ? cvt16r(dt, kp) : cvt16m(dt, kp, n);
+    }
+    for (int h = 0; h < R; h++) {
+        __m512 w = _mm512_load_ps(q + (size_t)h * dp + j);
+        for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
+    }
+}
+
+/* S[r][c0 .. c0 + KB) for the R rows at q (dp apart): R x KB accumulators over 16-dim steps (over
+ * fp8 rows by the tables 64-dim steps, q the rows in the tables' order), the keys' d values: with
+ * T (d % 16 != 0: qk_src_tail) the last ones by masked loads (over fp8 rows by the tables mask
+ * tm, the last d % 64); without, d a multiple of 16. */
+AI void qkz_block(int R, int KB, bool T, pa_dtype dt, const void *const *krows, int c0, const float *q, int d, int dp,
+                  __mmask64 tm, float *s, int lds, pa__cpu_pfc *pc, int per, __m512i *nan)
+{
+    const int dd = T ? d : dp; /* (without T the old bounds: see pvz_rows) */
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
     if (f8l(dt)) {
@@ -283,29 +328,32 @@ AI void qkz_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
          * constant width (a variable one kept the accumulators in memory in the avx512bf16
          * twin, bench/NOTES.md thirty-second pass) */
         int j = 0;
-        for (; j + 64 <= dp; j += 64) {
-            qkf_step(R, KB, 64, dt, krows, c0, q + (size_t)j * R, j, a);
+        for (; j + 64 <= dd; j += 64) {
+            qkf_step(R, KB, f8l_mask(64), dt, krows, c0, q + (size_t)j * R, j, a);
             pfc_step(pc, per);
         }
-        switch (dp - j) {
-        case 48: qkf_step(R, KB, 48, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
-        case 32: qkf_step(R, KB, 32, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
-        case 16: qkf_step(R, KB, 16, dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
-        default: break;
+        switch (dd - j) {
+        case 48: qkf_step(R, KB, f8l_mask(48), dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
+        case 32: qkf_step(R, KB, f8l_mask(32), dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
+        case 16: qkf_step(R, KB, f8l_mask(16), dt, krows, c0, q + (size_t)j * R, j, a); pfc_step(pc, per); break;
+        case 0: break;
+        default: /* (T: the last d % 64 values, mask tm) */
+            if (T) qkf_step(R, KB, tm, dt, krows, c0, q + (size_t)j * R, j, a), pfc_step(pc, per);
+            break;
         }
         store_scores(R, KB, a, 1.0f, s, lds, c0);
         return;
     }
     if (e4m3_fast(dt))
-        for (int u = 0; u < KB; u++) *nan = nan_acc(*nan, krows[c0 + u], dp);
-    for (int j = 0; j < dp; j += 16) {
-        __m512 x[16];
-        for (int u = 0; u < KB; u++) x[u] = cvt16r(dt, (const char *)krows[c0 + u] + (size_t)j * es);
+        for (int u = 0; u < KB; u++) *nan = nan_acc(*nan, krows[c0 + u], dp); /* (fast E4M3 tags: never T) */
+    int j = 0;
+    for (; T ? j + 16 <= d : j < dp; j += 16) {
+        qkz_step(R, KB, 16, dt, krows, c0, q, dp, j, a);
         pfc_step(pc, per);
-        for (int h = 0; h < R; h++) {
-            __m512 w = _mm512_load_ps(q + (size_t)h * dp + j);
-            for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_fmadd_ps(w, x[u], a[h * KB + u]);
-        }
+    }
+    if (T && j < d) {
+        qkz_step(R, KB, d - j, dt, krows, c0, q, dp, j, a);
+        pfc_step(pc, per);
     }
     store_scores(R, KB, a, pa__cpu_is_e4m3(dt) ? 256.0f : 1.0f, s, lds, c0);
 }
@@ -367,8 +415,8 @@ AI void qkp_block(int R, int KB, pa_dtype dt, const void *const *krows, int c0, 
  * qkp_block's 32-dim steps; over fp8 rows by the tables the rows permuted into qp (f8l_queries).
  * Returns whether a fast E4M3 tag's rows held a NaN byte (the scores are then to be made
  * again). */
-AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int dp, float *s,
-                 int lds, const pa__cpu_pf *pf)
+AI bool qkz_rows(bool P, bool T, int R, pa_dtype dt, const void *const *krows, int nc, const float *q, int d,
+                 int dp, float *s, int lds, const pa__cpu_pf *pf)
 {
     const int KB = R == 8 ? 2 : qk_keys_per_block(R); /* (8 rows: fp8 rows by the tables only) */
     float qp[8 * 512] __attribute__((aligned(64))); /* (R <= 8 rows, dp <= 512: the head size limit) */
@@ -380,37 +428,40 @@ AI bool qkz_rows(bool P, int R, pa_dtype dt, const void *const *krows, int nc, c
     const int per = pfc_per(pf, nc / KB * (f8l(dt) ? (dp + 63) / 64 : dp / (P ? 32 : 16)));
     __m512i nan = _mm512_setzero_si512();
     int c = 0;
+    const __mmask64 tm = f8l_mask(d % 64);
     for (; c + KB <= nc; c += KB)
         if (P) qkp_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per, &nan);
-        else qkz_block(R, KB, dt, krows, c, q, dp, s, lds, &pc, per, &nan);
+        else qkz_block(R, KB, T, dt, krows, c, q, d, dp, tm, s, lds, &pc, per, &nan);
     for (; c < nc; c++)
         if (P) qkp_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0, &nan);
-        else qkz_block(R, 1, dt, krows, c, q, dp, s, lds, &pc, 0, &nan);
+        else qkz_block(R, 1, T, dt, krows, c, q, d, dp, tm, s, lds, &pc, 0, &nan);
     pfc_step(&pc, -1);
     return e4m3_fast(dt) && nan_seen(nan);
 }
 
 /* All nr rows, in groups of 4. Returns whether a fast E4M3 tag's rows held a NaN byte: the
  * caller then makes the scores again with the fix-up (qkz_src_e4m3). */
-AI bool qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp, float *s,
-                int lds, const pa__cpu_pf *pf)
+AI bool qkz_src(bool P, bool T, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int d, int dp,
+                float *s, int lds, const pa__cpu_pf *pf)
 {
     bool nan = false;
     for (int r = 0, take; r < nr; r += take) {
         /* groups of 4 rows; over fp8 rows by the tables 8 where there are (each key converted once
          * for 8 rows: 8 x 2 accumulators; GQA 8, 16 x 4096 E4M3 on one Xeon core: 30.3 -> 29.2 ms
          * from DRAM, 29.1 -> 27.9 in L2; bench/NOTES.md, thirty-seventh pass) */
-        take = f8l(dt) && nr - r >= 8 ? 8 : nr - r < 4 ? nr - r : 4;
+        take = T ? (nr - r >= 4 ? 4 : 1) : f8l(dt) && nr - r >= 8 ? 8 : nr - r < 4 ? nr - r : 4;
         pa__cpu_pf part = pf_range(pf, r, r + take, nr); /* (in proportion to the group's rows) */
         const pa__cpu_pf *pp = pf ? &part : NULL;
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (take) {
-        case 8: nan = qkz_rows(P, f8l(dt) ? 8 : 4, dt, krows, nc, qr, dp, sr, lds, pp); break; /* (8: f8l only) */
-        case 4: nan = qkz_rows(P, 4, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 3: nan = qkz_rows(P, 3, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        case 2: nan = qkz_rows(P, 2, dt, krows, nc, qr, dp, sr, lds, pp); break;
-        default: nan = qkz_rows(P, 1, dt, krows, nc, qr, dp, sr, lds, pp); break;
+        case 8: /* (f8l only) */
+            if (!T) nan = qkz_rows(P, T, f8l(dt) ? 8 : 4, dt, krows, nc, qr, d, dp, sr, lds, pp);
+            break;
+        case 4: nan = qkz_rows(P, T, 4, dt, krows, nc, qr, d, dp, sr, lds, pp); break;
+        case 3: if (!T) nan = qkz_rows(P, T, 3, dt, krows, nc, qr, d, dp, sr, lds, pp); break;
+        case 2: if (!T) nan = qkz_rows(P, T, 2, dt, krows, nc, qr, d, dp, sr, lds, pp); break;
+        default: nan = qkz_rows(P, T, 1, dt, krows, nc, qr, d, dp, sr, lds, pp); break;
         }
         if (nan) break; /* (every group converts the same rows) */
     }
@@ -421,7 +472,24 @@ AI bool qkz_src(bool P, pa_dtype dt, const void *const *krows, int nc, const flo
 AI void qkz_src_e4m3(bool P, pa_dtype dt, const void *const *krows, int nc, const float *q, int nr, int dp,
                      float *s, int lds, const pa__cpu_pf *pf)
 {
-    if (qkz_src(P, dt, krows, nc, q, nr, dp, s, lds, pf)) qkz_src(P, e4m3_fixed(dt), krows, nc, q, nr, dp, s, lds, NULL);
+    if (qkz_src(P, false, dt, krows, nc, q, nr, dp, dp, s, lds, pf))
+        qkz_src(P, false, e4m3_fixed(dt), krows, nc, q, nr, dp, dp, s, lds, NULL);
+}
+
+/* qk_src_tail (cpu.h): a5_qk_src's kernels with a masked last step (T), instances of their own */
+static void a5_qk_src_tail(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int d, int dp,
+                           float *s, int lds, const pa__cpu_pf *pf)
+{
+    /* (E4M3 by the forms with the NaN fix-up: no byte test, no second pass) */
+    switch ((int)dtype) {
+    case PA__CPU_E4M3B: qkz_src(false, true, PA__CPU_E4M3BN, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_F32: qkz_src(false, true, PA_DTYPE_F32, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qkz_src(false, true, PA_DTYPE_F16, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qkz_src(false, true, PA_DTYPE_BF16, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3: qkz_src(false, true, PA_DTYPE_FP8_E4M3, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E5M2: qkz_src(false, true, PA_DTYPE_FP8_E5M2, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    default: break;
+    }
 }
 
 static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
@@ -431,11 +499,11 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
     case PA__CPU_E4M3B: /* (q 2^120 times, cpu.h) */
         qkz_src_e4m3(false, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
         break;
-    case PA_DTYPE_F32: qkz_src(false, PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_F16: qkz_src(false, PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_BF16: qkz_src(false, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_F32: qkz_src(false, false, PA_DTYPE_F32, krows, nc, q, nr, dp, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qkz_src(false, false, PA_DTYPE_F16, krows, nc, q, nr, dp, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qkz_src(false, false, PA_DTYPE_BF16, krows, nc, q, nr, dp, dp, s, lds, pf); break;
     case PA_DTYPE_FP8_E4M3: qkz_src_e4m3(false, PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_FP8_E5M2: qkz_src(false, PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E5M2: qkz_src(false, false, PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, dp, s, lds, pf); break;
     default: break;
     }
 }
@@ -445,7 +513,7 @@ static void a5_qk_src(pa_dtype dtype, const void *const *krows, int nc, const fl
 static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                             float *s, int lds, const pa__cpu_pf *pf)
 {
-    if (dtype == PA_DTYPE_BF16) qkz_src(true, PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf);
+    if (dtype == PA_DTYPE_BF16) qkz_src(true, false, PA_DTYPE_BF16, krows, nc, q, nr, dp, dp, s, lds, pf);
     else qkz_src_e4m3(true, PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
 }
 
@@ -566,12 +634,61 @@ AI void pvz_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const float
         }
 }
 
+/* dims [j, j + 16) of the R rows at o, as pvz_chunk with NV 1, over cache rows whose last n
+ * (< 16) values start at dim j: masked loads (cvt16m), nothing read after them (pv_src_tail).
+ * Its own loop, not pvz_chunk's with a variable width: that made the E5M2 decode at head size
+ * 128 3-5% slower, L2-resident. The fp8 tags convert as their f16 forms with the NaN fix-up
+ * (E4M3 2^-8 times its value, as cvt16r), so no byte test is needed. */
+AI void pvz_tail(int R, pa_dtype dt, const void *const *vr, const int *idx, int nv, const float *p, int ldp, int j,
+                 int n, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
+{
+    const pa_dtype t = dt == PA__CPU_E4M3L || dt == PA__CPU_E4M3F ? PA_DTYPE_FP8_E4M3
+                       : dt == PA__CPU_E5M2L                      ? PA_DTYPE_FP8_E5M2
+                       : dt == PA__CPU_E4M3B                      ? PA__CPU_E4M3BN
+                                                                  : dt;
+    const float in = pa__cpu_is_e4m3(t) ? 1.0f / 256.0f : 1.0f;
+    __m512 acc[12];
+    for (int h = 0; h < R; h++)
+        acc[h] = _mm512_mul_ps(_mm512_load_ps(o + (size_t)h * dp + j), _mm512_set1_ps((alpha ? alpha[h] : 1.0f) * in));
+    for (int i = 0; i < nv; i++) {
+        const int c = idx ? idx[i] : i;
+        const __m512 x = cvt16m(t, (const char *)vr[c] + (size_t)j * esize(t), n);
+        pfc_step(pc, per);
+        for (int h = 0; h < R; h++) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)h * ldp + c]), x, acc[h]);
+    }
+    for (int h = 0; h < R; h++)
+        _mm512_store_ps(o + (size_t)h * dp + j, in != 1.0f ? _mm512_mul_ps(acc[h], _mm512_set1_ps(256.0f)) : acc[h]);
+}
+
 /* R rows (1..6 or 12) over all dims: chunks of NVmax = 12 / R vectors (at most 8), except over
  * cache rows (decode) 4 rows take 4 and 2 rows 8: 16 accumulators (4 rows over bf16 rows: two
  * pairs). Against 3 and 6, cache-resident decode 16 x 4096: GQA 4 E4M3 9.51 -> 9.10 ms, its f16
  * forms 10.57 -> 10.00, f32 9.50 -> 8.54; GQA 2 E4M3 6.89 -> 6.30, f16 5.20 -> 4.81; from DRAM
  * E4M3 10.56 -> 10.35 (GQA 4), 8.42 -> 8.04 (GQA 2); bench/NOTES.md, twenty-ninth pass. The last
  * chunk narrower; pf's rows prefetched before each chunk in proportion to its width. */
+/* pvz_rows' chunks: dims [j, end) in chunks of at most NVM vectors (n <= NVM always holds where
+ * a case is reached; the guard keeps the accumulator count of unreachable instances within the
+ * array). A macro, so that pvz_rows_t repeats it without a change to pvz_rows' code (below). */
+#define PVZ_CASE(n)                                                                                  \
+    case n:                                                                                          \
+        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
+        break;
+#define PVZ_CHUNKS(end)                                                                              \
+    while (j < (end)) {                                                                              \
+        int w = ((end) - j) / 16 < NVM ? ((end) - j) / 16 : NVM;                                     \
+        switch (w) {                                                                                 \
+            PVZ_CASE(8)                                                                              \
+            PVZ_CASE(7)                                                                              \
+            PVZ_CASE(6)                                                                              \
+            PVZ_CASE(5)                                                                              \
+            PVZ_CASE(4)                                                                              \
+            PVZ_CASE(3)                                                                              \
+            PVZ_CASE(2)                                                                              \
+        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;     \
+        }                                                                                            \
+        j += 16 * w;                                                                                 \
+    }
+
 AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
                  const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
@@ -580,29 +697,30 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, (dp / 16 + NVM - 1) / NVM * nv);
     int j = 0;
-    while (j < dp) {
-        int w = (dp - j) / 16 < NVM ? (dp - j) / 16 : NVM;
-        /* (n <= NVM always holds where a case is reached; the guard keeps the accumulator count
-         * of unreachable instances within the array) */
-        switch (w) {
-#define PVZ_CASE(n)                                                                                  \
-    case n:                                                                                          \
-        if (n <= NVM) pvz_chunk(R, n <= NVM ? n : 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); \
-        break;
-            PVZ_CASE(8)
-            PVZ_CASE(7)
-            PVZ_CASE(6)
-            PVZ_CASE(5)
-            PVZ_CASE(4)
-            PVZ_CASE(3)
-            PVZ_CASE(2)
-#undef PVZ_CASE
-        default: pvz_chunk(R, 1, dt, vr, vd, idx, nv, p, ldp, j, dp, alpha, o, &pc, per); break;
-        }
-        j += 16 * w;
-    }
+    PVZ_CHUNKS(dp)
     pfc_step(&pc, -1);
 }
+
+/* pvz_rows for the tail entries (qk_src_tail, pv_src_tail): R 4 or 1, the whole vectors in
+ * pvz_rows' chunks, the last d % 16 dims by pvz_tail. Its own function rather than a flag in
+ * pvz_rows and pvz_all: with one (constant in every instance) gcc still allocated the registers
+ * of those differently, and the f32 prefill's PV over cache rows (a5_pv_rows8) ran 5% slower
+ * (bench/NOTES.md, forty-fourth pass). */
+AI void pvz_rows_t(int R, pa_dtype dt, const void *const *vr, const int *idx, int nv, const float *p, int ldp, int d,
+                   int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
+{
+    const float *const vd = NULL;
+    const int NVM = R == 4 ? 4 : 8; /* (pvz_rows' widths over cache rows) */
+    const int df = d / 16 * 16;
+    pa__cpu_pfc pc = pfc_init(pf);
+    const int per = pfc_per(pf, ((df / 16 + NVM - 1) / NVM + 1) * nv);
+    int j = 0;
+    PVZ_CHUNKS(df)
+    if (j < d) pvz_tail(R, dt, vr, idx, nv, p, ldp, j, d - j, dp, alpha, o, &pc, per);
+    pfc_step(&pc, -1);
+}
+#undef PVZ_CHUNKS
+#undef PVZ_CASE
 
 /* Rows in groups of G (4 for decode; for prefill tiles 12, one 16-dim vector per row, so each
  * broadcast probability feeds one FMA and becomes an embedded broadcast, see a5_qk_t12, or 8,
@@ -648,6 +766,33 @@ AI void pvz_all(int G, pa_dtype dt, const void *const *vr, const float *vd, int 
     }
 }
 
+/* pvz_all for the tail entries: rows by 4, then one by one (pvz_rows_t) */
+AI void pvz_all_t(pa_dtype dt, const void *const *vr, int nc, const float *p, int ldp, int nr, int d, int dp,
+                  const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    int idx[64];
+    for (int c0 = 0; c0 == 0 || c0 < nc; c0 += 64) {
+        int n = nc - c0 < 64 ? nc - c0 : 64, nv = n;
+        const int *ip = NULL;
+        if (colmask) {
+            nv = 0;
+            for (int c = 0; c < n; c++)
+                if (colmask[c0 + c]) idx[nv++] = c;
+            ip = idx;
+        }
+        const float *al = c0 == 0 ? alpha : NULL;
+        const pa__cpu_pf *pfc = c0 == 0 ? pf : NULL;
+        for (int r = 0, take; r < nr; r += take) {
+            take = nr - r >= 4 ? 4 : 1;
+            pa__cpu_pf part = pf_range(pfc, r, r + take, nr);
+            const pa__cpu_pf *pp = pfc ? &part : NULL;
+            const float *pr = p + (size_t)r * ldp + c0, *ar = al ? al + r : NULL;
+            if (take == 4) pvz_rows_t(4, dt, vr + c0, ip, nv, pr, ldp, d, dp, ar, o + (size_t)r * dp, pp);
+            else pvz_rows_t(1, dt, vr + c0, ip, nv, pr, ldp, d, dp, ar, o + (size_t)r * dp, pp);
+        }
+    }
+}
+
 /* E4M3 V rows (PA__CPU_E4M3B or PA_DTYPE_FP8_E4M3, as a5_pv_src takes them). Rows of 8 or more
  * queries (GQA 8) in groups of 8 (32 dims at a time): each V vector converted once for 8 rows
  * instead of twice (16 x 4096, GQA 8, one thread, from DRAM: 17.63 -> 16.72 ms, the f16 forms
@@ -665,7 +810,8 @@ static __attribute__((noinline)) void pv_src_e4m3(bool words, const void *const 
         pa__cpu_probs_up(p, ldp, nr, nc, ps);
         p = ps, ldp = CPU_KT;
     }
-    pvz_all(nr >= 8 ? 8 : 4, words ? PA__CPU_E4M3B : PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    pvz_all(nr >= 8 ? 8 : 4, words ? PA__CPU_E4M3B : PA__CPU_E4M3F, vrows, NULL, nc, p, ldp, nr, dp, alpha,
+            colmask, o, pf);
 }
 
 /* fp8 V rows by the tables (f8l; a5_pv_src_lt); its own function, as pv_src_e4m3 */
@@ -678,6 +824,28 @@ static __attribute__((noinline)) void pv_src_lut(pa_dtype dt, const void *const 
     else pvz_all(4, PA__CPU_E5M2L, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
+/* pv_src_tail (cpu.h): a5_pv_src's kernels with a masked last chunk (T: pvz_tail) */
+static void a5_pv_src_tail(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr, int d,
+                           int dp, const float *alpha, const unsigned char *colmask, float *o, const pa__cpu_pf *pf)
+{
+    /* (both E4M3 forms by the f16 one with the NaN fix-up: the words form's probabilities
+     * would be scaled by 2^120 first, and the values are the same) */
+    switch ((int)dtype) {
+    case PA_DTYPE_F32: pvz_all_t(PA_DTYPE_F32, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_F16: pvz_all_t(PA_DTYPE_F16, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_BF16: pvz_all_t(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
+    case PA__CPU_E4M3B:
+    case PA_DTYPE_FP8_E4M3:
+        pvz_all_t(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+        break;
+    case PA_DTYPE_FP8_E5M2:
+        pvz_all_t(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+        break;
+    default: break;
+    }
+}
+
+
 static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
                       int dp, const float *alpha, const unsigned char *colmask, float *o,
                       const pa__cpu_pf *pf)
@@ -686,7 +854,9 @@ static void a5_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
     case PA__CPU_E4M3B: pv_src_e4m3(true, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_F32: pvz_all(4, PA_DTYPE_F32, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_F16: pvz_all(4, PA_DTYPE_F16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    case PA_DTYPE_BF16: pvz_all(4, PA_DTYPE_BF16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_BF16:
+        pvz_all(4, PA_DTYPE_BF16, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+        break;
     case PA_DTYPE_FP8_E4M3: pv_src_e4m3(false, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E5M2:
         pvz_all(4, PA_DTYPE_FP8_E5M2, vrows, NULL, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
@@ -1037,11 +1207,29 @@ static bool a5_softmax_rows_unscaled(float *s, int lds, int nr, int nc, float *m
 
 /* a5_qk_src and a5_pv_src with fp8 rows by the tables (the init's lut; only the *_lut functions
  * hold the permutes: tests/scripts/check_isa_objects.sh) */
-static void a5_qk_src_lut(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
-                        float *s, int lds, const pa__cpu_pf *pf)
+/* a5_qk_src_tail and a5_pv_src_tail with fp8 rows by the tables */
+static void a5_qk_src_tail_lut(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int d, int dp,
+                               float *s, int lds, const pa__cpu_pf *pf)
 {
-    if (dtype == PA_DTYPE_FP8_E4M3) qkz_src(false, PA__CPU_E4M3L, krows, nc, q, nr, dp, s, lds, pf);
-    else if (dtype == PA_DTYPE_FP8_E5M2) qkz_src(false, PA__CPU_E5M2L, krows, nc, q, nr, dp, s, lds, pf);
+    if (dtype == PA_DTYPE_FP8_E4M3) qkz_src(false, true, PA__CPU_E4M3L, krows, nc, q, nr, d, dp, s, lds, pf);
+    else if (dtype == PA_DTYPE_FP8_E5M2) qkz_src(false, true, PA__CPU_E5M2L, krows, nc, q, nr, d, dp, s, lds, pf);
+    else a5_qk_src_tail(dtype, krows, nc, q, nr, d, dp, s, lds, pf);
+}
+
+static void a5_pv_src_tail_lut(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
+                               int d, int dp, const float *alpha, const unsigned char *colmask, float *o,
+                               const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_FP8_E4M3) pvz_all_t(PA__CPU_E4M3L, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+    else if (dtype == PA_DTYPE_FP8_E5M2) pvz_all_t(PA__CPU_E5M2L, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+    else a5_pv_src_tail(dtype, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+}
+
+static void a5_qk_src_lut(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
+                          float *s, int lds, const pa__cpu_pf *pf)
+{
+    if (dtype == PA_DTYPE_FP8_E4M3) qkz_src(false, false, PA__CPU_E4M3L, krows, nc, q, nr, dp, dp, s, lds, pf);
+    else if (dtype == PA_DTYPE_FP8_E5M2) qkz_src(false, false, PA__CPU_E5M2L, krows, nc, q, nr, dp, dp, s, lds, pf);
     else a5_qk_src(dtype, krows, nc, q, nr, dp, s, lds, pf);
 }
 
@@ -1076,8 +1264,13 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->any_neg_inf = a5_any_neg_inf;
     k->softcap_rows = a5_softcap_rows;
     k->pf_spread = true;
+    k->qk_src_tail = a5_qk_src_tail;
+    k->pv_src_tail = a5_pv_src_tail;
     k->e4m3_bf16 = !lut; /* (lut: the driver passes the fp8 dtypes as they are) */
-    if (lut) k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt, k->fp8_lut = true;
+    if (lut) {
+        k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt, k->fp8_lut = true;
+        k->qk_src_tail = a5_qk_src_tail_lut, k->pv_src_tail = a5_pv_src_tail_lut;
+    }
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
