@@ -9,7 +9,8 @@
 # on a misaligned one, SIMDe would not): a misaligned one aborts with "alignment check failed".
 # Without a filter it also runs test_cpu_determinism, test_cpu_fp8_nan, test_cpu_fp8_codes,
 # test_cpu_e4m3_nan_pv (the E4M3 decode PV called directly), test_cpu_fp8_lut (the decode QK
-# and PV over fp8 rows by byte tables called directly), test_cpu_fp8_qk_bf16 (the
+# and PV over fp8 rows by byte tables called directly), test_cpu_direct_tail (the decode kernels
+# for head sizes that are not multiples of 16, rows before unmapped pages), test_cpu_fp8_qk_bf16 (the
 # avx512bf16 QK over fp8 keys called directly; the script reports AVX512-VBMI, so every form),
 # test_cpu_neg_inf_logit (visible keys with a logit of -inf, any_neg_inf), test_cpu_tiny_terms
 # (subnormal weights and bf16 dot products over subnormal operands), test_cpu_big_scale (a scale
@@ -40,6 +41,8 @@ static inline __m512i _mm512_maskz_loadu_epi8(__mmask64 k, const void *p) { uint
   for (int i = 0; i < 64; i++) if ((k >> i) & 1) a[i] = ((const uint8_t *)p)[i]; memcpy(&r, a, 64); return r; }
 static inline __m512i _mm512_maskz_loadu_epi16(__mmask32 k, const void *p) { uint16_t a[32] = {0}; __m512i r;
   for (int i = 0; i < 32; i++) if ((k >> i) & 1) memcpy(&a[i], (const char *)p + 2 * i, 2); memcpy(&r, a, 64); return r; }
+static inline __m128i _mm_maskz_loadu_epi8(__mmask16 k, const void *p) { uint8_t a[16] = {0}; __m128i r;
+  for (int i = 0; i < 16; i++) if ((k >> i) & 1) a[i] = ((const uint8_t *)p)[i]; memcpy(&r, a, 16); return r; }
 /* missing from SIMDe 0.7: */
 static inline __m512 _mm512_cvtph_ps(__m256i h) { uint16_t a[16]; float f[16]; __m512 r; memcpy(a, &h, 32);
   for (int i = 0; i < 16; i++) f[i] = pa_f16_to_f32(a[i]); memcpy(&r, f, 64); return r; }
@@ -198,7 +201,7 @@ wait
 for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
-  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_fp8_lut test_cpu_fp8_qk_bf16 test_cpu_neg_inf_logit test_cpu_tiny_terms test_cpu_big_scale test_cpu_softcap_rows"
+  tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_fp8_lut test_cpu_direct_tail test_cpu_fp8_qk_bf16 test_cpu_neg_inf_logit test_cpu_tiny_terms test_cpu_big_scale test_cpu_softcap_rows"
   for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
         "$work"/[!m]*.o -lm -lpthread -o "$work/$t"

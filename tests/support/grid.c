@@ -1056,6 +1056,39 @@ static void build_cases(void)
     push(c, "spec-rows");
     c.cache = c.kvd = PA_DTYPE_F16, c.nonfinite = 0, c.sw = 0, c.sinks = 1, c.softcap = 20.0f;
     push(c, "spec-rows");
+    /* decodes and short steps at head sizes that are not multiples of 16, which the AVX-512
+     * decode kernels take by masked loads (qk_src_tail, pv_src_tail): each sequence ending
+     * inside a block (the NaN of the unused slots right after its last row in HND), windows
+     * (partial tiles), values that are not finite, every cache dtype */
+    c = base_case();
+    c.H = 32, c.Hkv = 8, c.D = 120, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){1001, 1, 0, 0};
+    c.seqs[1] = (gseq){37, 1, 0, 0};
+    c.seqs[2] = (gseq){300, 3, 0, 0};
+    push(c, "tail-rows");
+    c.cache = c.kvd = PA_DTYPE_F16, c.qd = PA_DTYPE_F32, c.sw = 100, c.nonfinite = 1;
+    push(c, "tail-rows");
+    c.cache = PA_DTYPE_F32, c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.D = 200, c.sw = 0, c.sinks = 1, c.softcap = 30.0f;
+    push(c, "tail-rows");
+    c = base_case();
+    c.H = 16, c.Hkv = 2, c.D = 72, c.layout = LAYOUT_HND; /* GQA 8 x 2 tokens */
+    c.cache = PA_DTYPE_FP8_E4M3, c.kvd = c.qd = c.outd = PA_DTYPE_BF16, c.kscale = 0.75f, c.vscale = 1.5f;
+    c.nonfinite = 1;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){700, 2, 0, 0};
+    c.seqs[1] = (gseq){95, 1, 0, 0};
+    push(c, "tail-rows");
+    c.cache = PA_DTYPE_FP8_E5M2, c.qd = PA_DTYPE_F16, c.D = 40, c.layout = LAYOUT_NHD, c.sw = 64;
+    push(c, "tail-rows");
+    c = base_case();
+    c.H = 16, c.Hkv = 1, c.D = 8, c.layout = LAYOUT_HND; /* 16 rows per KV head */
+    c.cache = PA_DTYPE_FP8_E4M3, c.kvd = c.qd = c.outd = PA_DTYPE_F16;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){2000, 1, 0, 0};
+    c.seqs[1] = (gseq){5, 1, 0, 0};
+    push(c, "tail-rows");
 }
 
 int grid_count(void)
