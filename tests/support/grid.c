@@ -1089,6 +1089,44 @@ static void build_cases(void)
     c.seqs[0] = (gseq){2000, 1, 0, 0};
     c.seqs[1] = (gseq){5, 1, 0, 0};
     push(c, "tail-rows");
+    /* decode tiles whose rows of one KV head see different keys, which the cpu decode sums in
+     * runs of rows that see the same keys, each run with its own column mask: vLLM's per-head
+     * sparse blocks (head_sliding_step 1) of 16 keys, two to a 32-key tile, so that a row sees
+     * half of it and its neighbour the other half; of 64 keys (a row sees all of a tile or none);
+     * a slide per KV head with a speculative step; every cache dtype, a head size that is not a
+     * multiple of 16. The NaN V key of poison_inputs (the last sequence's key at 2/3 of its
+     * context, on the last KV head, query heads 4-7) lies where one row of that KV head sees it
+     * and the others mask it. */
+    c = base_case();
+    c.H = 8, c.Hkv = 2, c.D = 128, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.bs = (pa_blocksparse){16, 2, 8, 0, 1, 0};
+    c.nonfinite = 1;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){1300, 1, 0, 0};
+    c.seqs[1] = (gseq){333, 1, 0, 0};
+    c.seqs[2] = (gseq){1424, 1, 0, 0}; /* NaN V at key 949, sparse block 59: head 4 sees it, 5 sees block 58 */
+    push(c, "sparse-runs");
+    c.cache = c.kvd = PA_DTYPE_F16, c.qd = PA_DTYPE_F32, c.D = 120;
+    push(c, "sparse-runs");
+    c.cache = PA_DTYPE_F32, c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.D = 64;
+    push(c, "sparse-runs");
+    c.cache = PA_DTYPE_FP8_E4M3, c.kvd = c.qd = c.outd = PA_DTYPE_BF16, c.D = 128, c.kscale = 0.5f, c.vscale = 2.0f;
+    c.bs.block_size = 64;
+    c.seqs[2] = (gseq){1100, 1, 0, 0}; /* NaN V at key 733, sparse block 11: head 4 alone sees it */
+    push(c, "sparse-runs");
+    c.cache = PA_DTYPE_FP8_E5M2, c.qd = PA_DTYPE_F16, c.bs.block_size = 16;
+    c.seqs[2] = (gseq){1424, 1, 0, 0};
+    push(c, "sparse-runs");
+    c = base_case();
+    c.H = 16, c.Hkv = 4, c.D = 64, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.bs = (pa_blocksparse){16, 1, 4, 0, -1, 0};
+    c.nonfinite = 1;
+    c.nseq = 2;
+    c.seqs[0] = (gseq){900, 3, 0, 0};
+    c.seqs[1] = (gseq){1210, 2, 0, 0};
+    push(c, "sparse-runs");
 }
 
 int grid_count(void)

@@ -130,17 +130,18 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *cons
     }
 }
 
-/* The rows of kernel call i of a decode tile in consumption order: K of heads 0..nkv-1, V of
- * heads 0..nkv-1, then K of the next tile's heads (nnc keys; none when there is none). */
+/* The rows of kernel call i of a decode tile in consumption order: K of its visible KV heads
+ * vh[0..nv-1], V of the same heads, then K of the next tile's first visible heads (nkr[j]: nnc
+ * keys; none when there is none). A head that no row sees is not read, so not prefetched either. */
 static pa__cpu_pf decode_rows(const void *kr[][CPU_KT], const void *vr[][CPU_KT], const void *nkr[][CPU_KT],
-                              int nkv, int i, int nc, int nnc, int64_t row_bytes)
+                              const unsigned char *vh, int nv, int nnv, int i, int nc, int nnc, int64_t row_bytes)
 {
     pa__cpu_pf pf = {NULL, 0, (int)row_bytes};
-    if (i < nkv) pf.rows = kr[i], pf.n = nc;
-    else if (i < 2 * nkv) pf.rows = vr[i - nkv], pf.n = nc;
+    if (i < nv) pf.rows = kr[vh[i]], pf.n = nc;
+    else if (i < 2 * nv) pf.rows = vr[vh[i - nv]], pf.n = nc;
     else {
-        int j = i - 2 * nkv; /* >= 0 here; said again so that gcc's -Warray-bounds sees it */
-        if (j >= 0 && j < nkv && j < CPU_DECODE_PF && nnc) pf.rows = nkr[j], pf.n = nnc;
+        int j = i - 2 * nv; /* >= 0 here; said again so that gcc's -Warray-bounds sees it */
+        if (j >= 0 && j < nnv && j < CPU_DECODE_PF && nnc) pf.rows = nkr[j], pf.n = nnc;
     }
     return pf;
 }
@@ -149,9 +150,10 @@ static pa__cpu_pf decode_rows(const void *kr[][CPU_KT], const void *vr[][CPU_KT]
  * (returns the rows to pass it; NULL when there are none), else here, in one sweep (NULL). */
 static inline __attribute__((always_inline)) const pa__cpu_pf *
 decode_prefetch(const pa__cpu_kernels *K, pa__cpu_pf *pf, const void *kr[][CPU_KT], const void *vr[][CPU_KT],
-                const void *nkr[][CPU_KT], int nkv, int i, int nc, int nnc, int64_t row_bytes)
+                const void *nkr[][CPU_KT], const unsigned char *vh, int nv, int nnv, int i, int nc, int nnc,
+                int64_t row_bytes)
 {
-    *pf = decode_rows(kr, vr, nkr, nkv, i, nc, nnc, row_bytes);
+    *pf = decode_rows(kr, vr, nkr, vh, nv, nnv, i, nc, nnc, row_bytes);
     if (!pf->n) return NULL;
     if (K->pf_spread) return pf;
     prefetch_rows(pf->rows, pf->n, row_bytes);
@@ -170,6 +172,37 @@ static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a
         all &= v;
     }
     return any ? (all ? 1 : 2) : 0;
+}
+
+/* Which of a tile's nr rows (nrk per KV head) see which of its keys [a, e): vis[r] 0 none, 1 all,
+ * 2 some; hv[k]: some row of KV head k sees a key; any, full (every row all), every (every row
+ * some). [vlo, vhi): the keys within every row's range (a tile inside it needs no test per
+ * row, but under block sparsity). */
+static inline void tile_vis(const struct pa_layer *L, const pa__cpu_scratch *sc, bool bs, int nr, int nrk,
+                            int64_t a, int64_t e, int64_t vlo, int64_t vhi, unsigned char *vis,
+                            unsigned char hv[CPU_KROWS / 16], bool *any, bool *full, bool *every)
+{
+    const bool whole = !bs && a >= vlo && e <= vhi;
+    bool an = whole, fu = true, ev = true;
+    memset(hv, whole, CPU_KROWS / 16);
+    if (whole) memset(vis, 1, (size_t)nr);
+    for (int r = 0; r < nr && !whole; r++) {
+        int v;
+        if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
+        else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
+        if (v && bs) {
+            int64_t ca = a > sc->lo[r] ? a : sc->lo[r];
+            int64_t ce = e < sc->hi[r] ? e : sc->hi[r];
+            int w = bs_tile_vis(L, sc->head[r], sc->pos[r], ca, ce);
+            v = w == 0 ? 0 : (v == 1 && w == 1 ? 1 : 2);
+        }
+        vis[r] = (unsigned char)v;
+        hv[r / nrk] |= v != 0;
+        an |= v != 0;
+        fu &= v == 1;
+        ev &= v != 0;
+    }
+    *any = an, *full = fu, *every = ev;
 }
 
 /* bad: a NaN or +inf logit reached the row: every element and the lse are NaN. */
@@ -552,41 +585,27 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
             for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
-        int nnc = 0;
+        int nnc = 0, nnv = 0;
         bool first = true, anybad = false;
         int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
         for (; j0 < uhi; j0 += kt) {
             int64_t a = j0 > ulo ? j0 : ulo;
             int64_t e = j0 + kt < uhi ? j0 + kt : uhi;
             int nc = (int)(e - a);
-            /* (every row sees the whole tile: most tiles) */
-            const bool whole = !bs && a >= vlo && e <= vhi;
-            bool any = whole, full = true, every = true; /* every: each row sees a key of it */
             /* hv[k]: some row of KV head k sees a key of the tile; a head none of whose rows
              * does is passed over (its rows' weights would be -0 and their alpha 1: the same
-             * bits). A block-sparse layer whose heads see different sparse blocks (vLLM's
-             * per-head pattern) read every key of every head, and was slower than dense (an
-             * audit, forty-third pass). */
-            unsigned char hv[CPU_KROWS / 16];
-            memset(hv, whole, sizeof hv);
-            if (whole) memset(sc->vis, 1, (size_t)nr);
-            for (int r = 0; r < nr && !whole; r++) {
-                int v;
-                if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
-                else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
-                if (v && bs) {
-                    int64_t ca = a > sc->lo[r] ? a : sc->lo[r];
-                    int64_t ce = e < sc->hi[r] ? e : sc->hi[r];
-                    int w = bs_tile_vis(L, sc->head[r], sc->pos[r], ca, ce);
-                    v = w == 0 ? 0 : (v == 1 && w == 1 ? 1 : 2);
-                }
-                sc->vis[r] = (unsigned char)v;
-                hv[r / nrk] |= v != 0;
-                any |= v != 0;
-                full &= v == 1;
-                every &= v != 0;
-            }
+             * bits), and in decode tiles so is each row that sees none of it. A block-sparse
+             * layer whose heads see different sparse blocks (vLLM's per-head pattern) read every
+             * key of every head, and was slower than dense (an audit, forty-third pass); then
+             * still, through the hidden heads' prefetches and the scans of V for the rows that
+             * see part of a tile (forty-fifth pass). */
+            unsigned char hv[CPU_KROWS / 16], vh[CPU_KROWS / 16];
+            bool any, full, every;
+            tile_vis(L, sc, bs, nr, nrk, a, e, vlo, vhi, sc->vis, hv, &any, &full, &every);
             if (!any) continue;
+            int nv = 0;
+            for (int k = 0; k < it->nkv; k++)
+                if (hv[k]) vh[nv++] = (unsigned char)k;
 
             int64_t ne = e + kt < uhi ? e + kt : uhi;
             /* prefill tiles (transposed): this tile's V rows are prefetched while QK computes, the
@@ -608,31 +627,54 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                         vr[k][i] = (const char *)vr[0][i] + dk;
                     }
                 }
-                /* the first heads' K rows of the next tile, for the prefetch at the tile's end */
+                /* the next tile's first visible heads' K rows, for the prefetch at this tile's
+                 * end (a next tile that no row sees: none; the tile after it then prefetches
+                 * its own first calls) */
                 nnc = e < uhi ? (int)(ne - e) : 0;
-                for (int k = 0; k < dpf && k < it->nkv && nnc; k++) key_rows_kv(&ks[k], e, nnc, nkr[k], nvr);
+                nnv = 0;
+                if (nnc && !bs && e >= vlo && ne <= vhi) {
+                    for (int k = 0; k < it->nkv && nnv < dpf; k++) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
+                } else if (nnc) {
+                    unsigned char nvis[CPU_ROWS], nhv[CPU_KROWS / 16];
+                    bool nany, nfull, nevery;
+                    tile_vis(L, sc, bs, nr, nrk, e, ne, vlo, vhi, nvis, nhv, &nany, &nfull, &nevery);
+                    for (int k = 0; k < it->nkv && nnv < dpf; k++)
+                        if (nhv[k]) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
+                }
+                if (!nnv) nnc = 0;
                 /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
                 for (int k = 0; k < dpf && first; k++) {
-                    pa__cpu_pf r = decode_rows(kr, vr, nkr, it->nkv, k, nc, nnc, row_bytes);
+                    pa__cpu_pf r = decode_rows(kr, vr, nkr, vh, nv, nnv, k, nc, nnc, row_bytes);
                     prefetch_rows(r.rows, r.n, row_bytes);
                 }
-                first = false;
+                first = nnc == 0;
             }
             /* K of every KV head (head after head: whole blocks front to back in HND), scores */
-            for (int k = 0; k < it->nkv; k++) {
-                if (!hv[k]) continue;
+            for (int vi = 0; vi < nv; vi++) {
+                const int k = vh[vi];
                 float *kk = sc->k + (size_t)k * kt * dp;
                 float *sk = sc->s + (size_t)k * nrk * CPU_KT;
                 if (direct) {
                     pa__cpu_pf pfr;
                     const pa__cpu_pf *pf =
-                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, k + dpf, nc, nnc, row_bytes) : NULL;
-                    /* (rows past direct_rows: further calls over the tile's keys, from L1) */
-                    for (int r0 = 0; r0 < nrk; r0 += direct_rows) {
-                        const int n = nrk - r0 < direct_rows ? nrk - r0 : direct_rows;
+                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, vi + dpf, nc, nnc, row_bytes) : NULL;
+                    /* the runs of rows that see the tile, in calls of up to direct_rows (rows past
+                     * them: further calls over the tile's keys, from L1); a row that sees none of
+                     * it keeps its scores of before, which score_fix masks */
+                    const unsigned char *vk = sc->vis + (size_t)k * nrk;
+                    for (int r0 = 0, r1; r0 < nrk; r0 = r1) {
+                        if (full) r1 = r0 + direct_rows < nrk ? r0 + direct_rows : nrk;
+                        else
+                            for (r1 = r0; r1 < nrk && r1 - r0 < direct_rows && vk[r1]; r1++) {}
+                        if (r1 == r0) {
+                            r1++;
+                            continue;
+                        }
+                        const int n = r1 - r0;
                         const size_t qo = ((size_t)k * nrk + (size_t)r0) * dp;
                         float *skr = sk + (size_t)r0 * CPU_KT;
-                        const pa__cpu_pf *pfc = r0 ? NULL : pf;
+                        const pa__cpu_pf *pfc = pf;
+                        pf = NULL;
                         if (q16)
                             K->qk_src_bf16(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
                         else if (q16e)
@@ -706,10 +748,60 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 sc->m[r] = mn;
                 sc->alpha[r] = al;
             }
-            for (int k = 0; k < it->nkv; k++) {
-                if (!hv[k]) continue;
-                const unsigned char *cm = NULL;
+            for (int vi = 0; vi < nv; vi++) {
+                const int k = vh[vi];
                 const float *pk = sc->s + (size_t)k * nrk * CPU_KT;
+                float *vv = sc->v + (size_t)k * kt * dp, *ok = sc->o + (size_t)k * nrk * dp;
+                const float *ak = sc->alpha + k * nrk;
+                if (direct) {
+                    pa__cpu_pf pfr;
+                    const pa__cpu_pf *pf =
+                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, nv + vi + dpf, nc, nnc, row_bytes)
+                            : NULL;
+                    /* runs of up to direct_rows rows that see the same keys of the tile, each with
+                     * the column mask of those keys (none where they see all): a listed key is
+                     * then seen by every row the call sums it into, so a NaN or inf in its V is
+                     * theirs, and the rows that mask it never take it. A row that sees none of the
+                     * tile is passed over (alpha 1 and weights -0: its row unchanged). Before,
+                     * a tile some rows saw in part went to one call with the union of the rows'
+                     * masks, after a scan of its V rows for NaN and inf (and through the generic
+                     * PV where it found one): vLLM's per-head sparse blocks took 1.8x the time
+                     * of dense attention (bench/NOTES.md, forty-fifth pass). */
+                    for (int r0 = 0, r1; r0 < nrk; r0 = r1) {
+                        const unsigned char *cm = NULL;
+                        if (full) {
+                            r1 = r0 + direct_rows < nrk ? r0 + direct_rows : nrk;
+                        } else {
+                            const float *p0 = pk + (size_t)r0 * CPU_KT;
+                            unsigned char *m0 = sc->colmask;
+                            int seen = 0;
+                            for (int c = 0; c < nc; c++) seen += m0[c] = !pa__cpu_masked(p0[c]);
+                            for (r1 = r0 + 1; seen && r1 < nrk && r1 - r0 < direct_rows; r1++) {
+                                const float *p1 = pk + (size_t)r1 * CPU_KT;
+                                int c = 0;
+                                while (c < nc && m0[c] == !pa__cpu_masked(p1[c])) c++;
+                                if (c < nc) break;
+                            }
+                            if (!seen) {
+                                r1 = r0 + 1;
+                                continue;
+                            }
+                            if (seen < nc) cm = m0;
+                        }
+                        const int n = r1 - r0;
+                        const float *pkr = pk + (size_t)r0 * CPU_KT;
+                        float *okr = ok + (size_t)r0 * dp;
+                        const pa__cpu_pf *pfc = pf;
+                        pf = NULL;
+                        /* (bf16 dot products where the table has them and the rows suit them) */
+                        const pa_dtype vt = e4b ? PA__CPU_E4M3B : ks[k].dtype;
+                        if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
+                        if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
+                        else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);
+                    }
+                    continue;
+                }
+                const unsigned char *cm = NULL;
                 if (!full) {
                     for (int c = 0; c < nc; c++) {
                         unsigned char v = 0;
@@ -718,33 +810,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                     }
                     cm = sc->colmask;
                 }
-                float *vv = sc->v + (size_t)k * kt * dp, *ok = sc->o + (size_t)k * nrk * dp;
-                const float *ak = sc->alpha + k * nrk;
-                if (direct) {
-                    pa__cpu_pf pfr;
-                    const pa__cpu_pf *pf = dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, it->nkv, it->nkv + k + dpf,
-                                                                 nc, nnc, row_bytes)
-                                               : NULL;
-                    if (cm && rows_nonfinite(ks[k].dtype, vr[k], nc, d)) {
-                        /* a masked key's NaN or inf must not reach the rows that mask it: one
-                         * head at a time through the start of the V scratch */
-                        if (pf) prefetch_rows(pf->rows, pf->n, row_bytes);
-                        K->load_rows(ks[k].dtype, vr[k], nc, d, dp, sc->v);
-                        pa__cpu_pv_masked(pk, CPU_KT, nrk, sc->v, nc, dp, ak, cm, ok, NULL);
-                    } else {
-                        for (int r0 = 0; r0 < nrk; r0 += direct_rows) {
-                            const int n = nrk - r0 < direct_rows ? nrk - r0 : direct_rows;
-                            const float *pkr = pk + (size_t)r0 * CPU_KT;
-                            float *okr = ok + (size_t)r0 * dp;
-                            const pa__cpu_pf *pfc = r0 ? NULL : pf;
-                            /* (bf16 dot products where the table has them and the rows suit them) */
-                            const pa_dtype vt = e4b ? PA__CPU_E4M3B : ks[k].dtype;
-                            if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
-                            if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
-                            else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);
-                        }
-                    }
-                } else {
+                {
                     const void *const *vrows = vr[k]; /* (set with the tile's K rows) */
                     /* the next tile's K rows of this head (read next) */
                     pfkr.n = e < uhi ? (int)(ne - e) : 0;
