@@ -1,6 +1,7 @@
-/* test_cpu_direct_tail.c: the AVX-512 decode kernels for head sizes that are not multiples of 16
- * (qk_src_tail and pv_src_tail, cpu.h), called directly. They read each cache row's d values and
- * nothing after them: the last d % 16 by masked loads. Here every key row ends where a page
+/* test_cpu_direct_tail.c: the AVX-512 and AVX2 decode kernels for head sizes that are not
+ * multiples of 16 (qk_src_tail and pv_src_tail, cpu.h), called directly. They read each cache
+ * row's d values and nothing after them: AVX-512 the last d % 16 by masked loads, AVX2 (head sizes
+ * that are multiples of 8, its tail_align) 8-dim steps that end where the row does. Here every key row ends where a page
  * ends and the next page is unmapped (PROT_NONE), so a kernel that reads a byte past a row dies
  * of SIGSEGV, with or without a sanitizer. Every cache dtype (and the E4M3 forms the driver
  * passes: bf16 words, PA__CPU_E4M3B, on the table without byte tables), both tables (without and,
@@ -9,7 +10,7 @@
  * column mask whose hidden keys hold NaN. Each score and output is held to a double-precision
  * sum: NaN exactly where that sum is NaN (a NaN value in a listed key), else within fp32
  * rounding; score columns past nc keep what they held, o's dims past d become alpha times it.
- * Skips where this build or this CPU has no AVX-512 path. */
+ * Skips where this build or this CPU has neither path. */
 #define _DEFAULT_SOURCE /* (MAP_ANONYMOUS) */
 #include "test.h"
 
@@ -93,10 +94,19 @@ static bool close_to(double want, double mag, float got)
 
 int main(void)
 {
-    const int skip = test_cpu_avx512_skip();
-    if (skip) return skip;
+    if (!pa_backend_find("cpu") || !pa__cpu_kernels_init_generic || !pa__cpu_detect || !pa__cpu_isa_usable) {
+        printf("SKIP: this build has no cpu backend\n");
+        return 77;
+    }
     pa__cpu_features f;
     pa__cpu_detect(&f);
+    const bool run2 = pa__cpu_kernels_init_avx2 && pa__cpu_isa_usable(PA__ISA_AVX2, &f);
+    const bool run5 = run2 && pa__cpu_kernels_init_avx512 && pa__cpu_isa_usable(PA__ISA_AVX512, &f);
+    if (!run2) {
+        printf("SKIP: this build or this CPU has no AVX2 path (nor AVX-512)\n");
+        return 77;
+    }
+    if (!run5) printf("this build or this CPU has no AVX-512 path: the AVX2 kernels only\n");
     const long page = sysconf(_SC_PAGESIZE);
     /* key c's row ends at the end of page 2c; page 2c + 1 is unmapped */
     unsigned char *pool = mmap(NULL, (size_t)page * 2 * CPU_KT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -110,25 +120,29 @@ int main(void)
     float *o0 = malloc(sizeof(float) * NR * DMAX), alpha[NR];
     const void *rows[CPU_KT];
     unsigned char colmask[CPU_KT];
-    const int ds[] = {1, 7, 8, 15, 24, 40, 63, 72, 100, 120, 136, 200, 250, 509};
+    const int ds[] = {1, 7, 8, 15, 24, 40, 56, 63, 72, 88, 100, 104, 120, 136, 200, 248, 250, 509};
     const int nrs[] = {1, 2, 3, 4, 5, 8, 12, 16}, ncs[] = {1, 3, 16, 31, 64};
     const pa_dtype dts[] = {PA_DTYPE_F32,       PA_DTYPE_F16,       PA_DTYPE_BF16,
                             PA_DTYPE_FP8_E4M3, PA_DTYPE_FP8_E5M2, PA__CPU_E4M3B};
     int cases = 0, nan_scores = 0, nan_outputs = 0;
-    for (int lut = 0; lut < 2; lut++) {
+    /* tables: 0 AVX2, 1 AVX-512, 2 AVX-512 with the fp8 byte tables */
+    for (int tb = 0; tb < 3; tb++) {
+        const bool lut = tb == 2;
+        if (tb && !run5) continue;
         if (lut && !f.avx512vbmi) {
             printf("no AVX512-VBMI: the byte-table kernels not run\n");
             continue;
         }
         pa__cpu_kernels k;
         pa__cpu_kernels_init_generic(&k);
-        if (pa__cpu_kernels_init_avx2) pa__cpu_kernels_init_avx2(&k);
-        pa__cpu_kernels_init_avx512(&k, false, lut);
-        CHECK(k.qk_src_tail != NULL && k.pv_src_tail != NULL);
-        if (!k.qk_src_tail || !k.pv_src_tail) break;
+        pa__cpu_kernels_init_avx2(&k);
+        if (tb) pa__cpu_kernels_init_avx512(&k, false, lut);
+        CHECK(k.qk_src_tail != NULL && k.pv_src_tail != NULL && k.tail_align == (tb ? 1 : 8));
+        if (!k.qk_src_tail || !k.pv_src_tail || k.tail_align < 1) break;
         for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
             for (size_t dj = 0; dj < sizeof ds / sizeof ds[0]; dj++)
                 for (int rep = 0; rep < 4; rep++) {
+                    if (ds[dj] % k.tail_align) continue;
                     const pa_dtype dt = dts[di], vt = dt == PA__CPU_E4M3B ? PA_DTYPE_FP8_E4M3 : dt;
                     const int d = ds[dj], dp = pa__cpu_dpad(d), es = (int)pa_dtype_size(vt);
                     const int nr = nrs[next_u32() % 8], nc = ncs[(dj + (size_t)rep) % 5];
@@ -167,8 +181,8 @@ int main(void)
                             }
                             nan_scores += isnan(want);
                             if (!close_to(want, mag, got) && bad++ < 8)
-                                TEST_FAIL("QK %s%s, d %d, %d rows x %d keys: s[%d][%d] = %.9g, want %.9g",
-                                          dt == PA__CPU_E4M3B ? "e4m3 words" : pa_dtype_name(dt), lut ? " (tables)" : "",
+                                TEST_FAIL("QK %s %s, d %d, %d rows x %d keys: s[%d][%d] = %.9g, want %.9g",
+                                          dt == PA__CPU_E4M3B ? "e4m3 words" : pa_dtype_name(dt), k.name,
                                           d, nr, nc, r, c, got, want);
                         }
                     /* PV: o's dims past d hold 3 and become 3 alpha (cpu.h), as the others */
@@ -198,8 +212,8 @@ int main(void)
                             }
                             nan_outputs += isnan(want);
                             if (!close_to(want, mag, got) && bad++ < 8)
-                                TEST_FAIL("PV %s%s, d %d, %d rows x %d keys%s%s: o[%d][%d] = %.9g, want %.9g",
-                                          dt == PA__CPU_E4M3B ? "e4m3 words" : pa_dtype_name(dt), lut ? " (tables)" : "",
+                                TEST_FAIL("PV %s %s, d %d, %d rows x %d keys%s%s: o[%d][%d] = %.9g, want %.9g",
+                                          dt == PA__CPU_E4M3B ? "e4m3 words" : pa_dtype_name(dt), k.name,
                                           d, nr, nc, masked ? ", masked" : "", scaled ? ", alpha" : "", r, j, got, want);
                         }
                     cases++;

@@ -1127,6 +1127,28 @@ static void build_cases(void)
     c.seqs[0] = (gseq){900, 3, 0, 0};
     c.seqs[1] = (gseq){1210, 2, 0, 0};
     push(c, "sparse-runs");
+    /* head sizes that are not multiples of 8: the AVX-512 decode kernels by masked loads, the
+     * AVX2 decode (whose tail kernels take multiples of 8) and prefill through converted copies,
+     * each sequence ending inside a block; a prompt chunk, a decode and a speculative step, every
+     * cache dtype */
+    c = base_case();
+    c.H = 32, c.Hkv = 8, c.D = 100, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.nonfinite = 1;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){77, 40, 1, 0};
+    c.seqs[1] = (gseq){1001, 1, 0, 0};
+    c.seqs[2] = (gseq){300, 3, 0, 0};
+    push(c, "odd-heads");
+    c.cache = PA_DTYPE_FP8_E4M3, c.kscale = 0.75f, c.vscale = 1.5f, c.D = 36;
+    push(c, "odd-heads");
+    c.cache = c.kvd = PA_DTYPE_F16, c.qd = PA_DTYPE_F32, c.outd = PA_DTYPE_F16, c.kscale = c.vscale = 1.0f, c.D = 20;
+    c.sw = 50;
+    push(c, "odd-heads");
+    c.cache = PA_DTYPE_FP8_E5M2, c.D = 4, c.sw = 0, c.layout = LAYOUT_NHD;
+    push(c, "odd-heads");
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.D = 130, c.softcap = 25.0f;
+    push(c, "odd-heads");
 }
 
 int grid_count(void)

@@ -246,7 +246,7 @@ typedef struct pa__cpu_kernels {
                    const struct pa__cpu_pf *pf);
     /* Optional (NULL: qk_src and pv_src for head sizes that are multiples of 16 only). The same
      * for a head size d that is not: each cache row's d values are read and nothing after them
-     * (the last d % 16 by masked loads); q and o rows dp apart, q zero past d, o's dims past d
+     * (AVX-512: the last d % 16 by masked loads); q and o rows dp apart, q zero past d, o's dims past d
      * scaled by alpha as the others are (the driver keeps them 0). Entries of their own rather
      * than a d for qk_src and pv_src: those instances beside the others made the fp8 decode at
      * head size 128 2-5% slower (AVX-512; bench/NOTES.md, forty-fourth pass). The driver keeps
@@ -256,6 +256,10 @@ typedef struct pa__cpu_kernels {
     void (*pv_src_tail)(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr, int d,
                         int dp, const float *alpha, const unsigned char *colmask, float *o,
                         const struct pa__cpu_pf *pf);
+    /* The head sizes qk_src_tail and pv_src_tail take: multiples of this (AVX-512: 1, any, by
+     * masked loads; AVX2: 8, its kernels' steps, which end where such a row ends). Others go
+     * through converted copies. */
+    int tail_align;
     /* Optional (NULL: qk_src). Decode QK by bf16 dot products, for bf16 queries over bf16 key
      * rows: S[r * lds + c] = scale * dot(Q16[r], K[c]) over dp, Q16 the query rows as given
      * (unscaled bf16, dp apart, zero past d). Products exact, sums fp32. pf as for qk_src. */

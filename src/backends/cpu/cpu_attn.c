@@ -506,11 +506,12 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * step at GQA 4, one thread: bf16 82 -> 68 ms against the transposed copies; over E4M3
          * 10% slower, so fp8 keeps them; bench/NOTES.md, forty-third pass) */
         const bool fp8 = ks[0].esz == 1;
-        /* head sizes not a multiple of 16 where the table has qk_src_tail and pv_src_tail,
-         * with those kernels only: the other direct kernels read whole 16- or 32-dim steps
-         * (one thread, 16 x 4096 bf16 at head size 120, against copies: bench/NOTES.md,
-         * forty-fourth pass) */
-        const bool direct = K->qk_src && (d == dp || (K->qk_src_tail && K->pv_src_tail)) &&
+        /* head sizes not a multiple of 16 where the table has qk_src_tail and pv_src_tail
+         * (and the head size is a multiple of its tail_align), with those kernels only: the
+         * other direct kernels read whole 16- or 32-dim steps (one thread, 16 x 4096 bf16 at
+         * head size 120, against copies: bench/NOTES.md, forty-fourth pass; AVX2, forty-sixth) */
+        const bool direct = K->qk_src &&
+                            (d == dp || (K->qk_src_tail && K->pv_src_tail && K->tail_align > 0 && d % K->tail_align == 0)) &&
                             nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */

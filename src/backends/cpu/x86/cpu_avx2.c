@@ -770,12 +770,17 @@ static inline __attribute__((always_inline)) void store4x2(float *s, int lds, in
 }
 
 /* 8 elements of dt as f32; E4M3 comes out 2^-8 times its value, as bf16 words (PA__CPU_E4M3B,
- * rows without NaN bytes) 2^-120 times. */
+ * rows without NaN bytes; PA__CPU_E4M3BN, with the NaN fix-up of pa__e4m3_to_bf16x16) 2^-120
+ * times. */
 static inline __attribute__((always_inline)) __m256 cvt8r(pa_dtype dt, const char *p)
 {
-    if (dt == PA__CPU_E4M3B) {
+    if (dt == PA__CPU_E4M3B || dt == PA__CPU_E4M3BN) {
         __m128i x = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
         __m128i h = _mm_and_si128(_mm_slli_epi16(x, 4), _mm_set1_epi16((short)0x87f0));
+        if (dt == PA__CPU_E4M3BN) {
+            __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7ff0)), _mm_set1_epi16(0x07f0));
+            h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7fc0)));
+        }
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
     if (pa__cpu_is_e4m3(dt))
@@ -791,6 +796,9 @@ static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char
         __m256i h = pa__e4m3_to_f16x16(p, dt == PA_DTYPE_FP8_E4M3);
         *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         *x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    } else if (dt == PA__CPU_E4M3B || dt == PA__CPU_E4M3BN) { /* (the tail kernels' key pairs) */
+        *x0 = cvt8r(dt, p);
+        *x1 = cvt8r(dt, p + 8);
     } else if (dt == PA_DTYPE_FP8_E5M2) {
         __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
         *x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
@@ -803,7 +811,7 @@ static inline __attribute__((always_inline)) void cvt16r(pa_dtype dt, const char
 }
 
 static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const void *const *krows, int nc,
-                                                           const float *q, int dp, float *s, int lds,
+                                                           const float *q, int d, int dp, float *s, int lds,
                                                            const pa__cpu_pf *pf)
 {
     int pi = 0; /* pf rows issued so far: spread evenly over the key pairs */
@@ -821,7 +829,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
         const char *k0 = krows[c], *k1 = krows[c + 1], *k2 = krows[c + 2];
         __m256 a[4][3];
         for (int h = 0; h < 4; h++) a[h][0] = a[h][1] = a[h][2] = _mm256_setzero_ps();
-        for (int j = 0; j < dp; j += 8) {
+        for (int j = 0; j < d; j += 8) {
             __m256 x[3] = {cvt8r(dt, k0 + j * es), cvt8r(dt, k1 + j * es), cvt8r(dt, k2 + j * es)};
             for (int h = 0; h < 4; h++) {
                 __m256 w = _mm256_load_ps(q0 + (size_t)h * dp + j);
@@ -850,7 +858,8 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
         const char *k0 = krows[c], *k1 = krows[c + 1];
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
         __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-        for (int j = 0; j < dp; j += 16) {
+        int j = 0;
+        for (; j + 16 <= d; j += 16) {
             __m256 x0, y0, x1, y1, w;
             cvt16r(dt, k0 + j * es, &x0, &y0);
             cvt16r(dt, k1 + j * es, &x1, &y1);
@@ -879,6 +888,21 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
             a30 = _mm256_fmadd_ps(w, y0, a30);
             a31 = _mm256_fmadd_ps(w, y1, a31);
         }
+        if (j < d) { /* the last 8 dims of a head size 8 past a multiple of 16 (qk_src_tail) */
+            const __m256 x0 = cvt8r(dt, k0 + j * es), x1 = cvt8r(dt, k1 + j * es);
+            __m256 w = _mm256_load_ps(q0 + j);
+            a00 = _mm256_fmadd_ps(w, x0, a00);
+            a01 = _mm256_fmadd_ps(w, x1, a01);
+            w = _mm256_load_ps(q1 + j);
+            a10 = _mm256_fmadd_ps(w, x0, a10);
+            a11 = _mm256_fmadd_ps(w, x1, a11);
+            w = _mm256_load_ps(q2 + j);
+            a20 = _mm256_fmadd_ps(w, x0, a20);
+            a21 = _mm256_fmadd_ps(w, x1, a21);
+            w = _mm256_load_ps(q3 + j);
+            a30 = _mm256_fmadd_ps(w, x0, a30);
+            a31 = _mm256_fmadd_ps(w, x1, a31);
+        }
         __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
         if (pf) {
             int pe = (int)((int64_t)(c + 2) * pf->n / nc);
@@ -891,7 +915,7 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
     if (c < nc) {
         const char *k0 = krows[c];
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, z = a0;
-        for (int j = 0; j < dp; j += 8) {
+        for (int j = 0; j < d; j += 8) {
             __m256 x = cvt8r(dt, k0 + j * es);
             a0 = _mm256_fmadd_ps(_mm256_load_ps(q0 + j), x, a0);
             a1 = _mm256_fmadd_ps(_mm256_load_ps(q1 + j), x, a1);
@@ -930,13 +954,13 @@ static inline __attribute__((always_inline)) void store_sums(const __m256 *a, in
  * through hsum8, 8 at a time, whose tree adds each vector's lanes in the same order wherever it
  * sits, so a score does not depend on KN or on its key's place in the tile. */
 static inline __attribute__((always_inline)) void qkr_keys(int R, int KN, pa_dtype dt, const void *const *krows,
-                                                           const float *q, int dp, float *s, int lds)
+                                                           const float *q, int d, int dp, float *s, int lds)
 {
     const size_t es = dt == PA_DTYPE_F32 ? 4 : dt == PA_DTYPE_F16 || dt == PA_DTYPE_BF16 ? 2 : 1;
     const int n = R * KN;
     __m256 a[12];
     for (int i = 0; i < n; i++) a[i] = _mm256_setzero_ps();
-    for (int j = 0; j < dp; j += 8) {
+    for (int j = 0; j < d; j += 8) {
         if (R == 1) {
             __m256 w = _mm256_load_ps(q + j);
             for (int u = 0; u < KN; u++) a[u] = _mm256_fmadd_ps(w, cvt8r(dt, (const char *)krows[u] + j * es), a[u]);
@@ -1022,14 +1046,14 @@ static inline __attribute__((always_inline)) void qkp_keys(int R, int KN, pa_dty
  * not 8: 8 key rows read at once ran MHA 7-15% slower from DRAM (bench/NOTES.md, thirteenth
  * pass). */
 static inline __attribute__((always_inline)) void qkr_body(bool pairs, int R, pa_dtype dt, const void *const *krows,
-                                                           int nc, const float *q, int dp, float *s, int lds,
+                                                           int nc, const float *q, int d, int dp, float *s, int lds,
                                                            const pa__cpu_pf *pf)
 {
     const int KN = R == 1 ? 4 : R == 2 ? (pairs ? 3 : 4) : (pairs ? 2 : 3);
 #define QKR_KEYS(n)                                                                                  \
     do {                                                                                             \
         if (pairs) qkp_keys(R, n, dt, krows + c, q, dp, s + c, lds);                                 \
-        else qkr_keys(R, n, dt, krows + c, q, dp, s + c, lds);                                       \
+        else qkr_keys(R, n, dt, krows + c, q, d, dp, s + c, lds);                                    \
     } while (0)
     int c = 0, pi = 0;
     for (; c + KN <= nc; c += KN) {
@@ -1136,7 +1160,7 @@ static inline __attribute__((always_inline)) void pvr_chunk(int R, int NV, pa_dt
 /* (pf: a share of the rows before each chunk of dims, in proportion to its width). Chunks of
  * 24 dims for 3-4 rows (12 accumulators with 4), 32 for 2 rows, 64 for one. */
 static inline __attribute__((always_inline)) void pvr_dims(int R, pa_dtype dt, const void *const *vl, const float *p,
-                                                           int ldp, const float *pb, int nv, int dp,
+                                                           int ldp, const float *pb, int nv, int d, int dp,
                                                            const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     const int NVM = R == 1 ? 8 : R == 2 ? 4 : 3;
@@ -1146,25 +1170,25 @@ static inline __attribute__((always_inline)) void pvr_dims(int R, pa_dtype dt, c
 #define PVR_PF(w)                                                                                    \
     do {                                                                                             \
         if (pf) {                                                                                    \
-            int pe = (int)((int64_t)(j + (w)) * pf->n / dp);                                         \
+            int pe = (int)((int64_t)(j + (w)) * pf->n / d);                                          \
             pf_rows(pf, pi, pe);                                                                     \
             pi = pe;                                                                                 \
         }                                                                                            \
     } while (0)
-    for (; j + 8 * NVM <= dp; j += 8 * NVM) {
+    for (; j + 8 * NVM <= d; j += 8 * NVM) {
         PVR_PF(8 * NVM);
         pvr_chunk(R, NVM, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
-    if (NVM > 4 && j + 32 <= dp) {
+    if (NVM > 4 && j + 32 <= d) {
         PVR_PF(32);
         pvr_chunk(R, 4, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
         j += 32;
     }
-    for (; j + 16 <= dp; j += 16) {
+    for (; j + 16 <= d; j += 16) {
         PVR_PF(16);
         pvr_chunk(R, 2, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
-    for (; j < dp; j += 8) {
+    for (; j < d; j += 8) {
         PVR_PF(8);
         pvr_chunk(R, 1, dt, vl, p, ldp, pb, nv, j, dp, alpha, o);
     }
@@ -1172,12 +1196,12 @@ static inline __attribute__((always_inline)) void pvr_dims(int R, pa_dtype dt, c
 }
 
 static inline __attribute__((always_inline)) void pvr_body(int R, pa_dtype dt, const void *const *vrows, int nc,
-                                                           const float *p, int ldp, int dp,
+                                                           const float *p, int ldp, int d, int dp,
                                                            const float *alpha, const unsigned char *colmask,
                                                            float *o, const pa__cpu_pf *pf)
 {
     if (!colmask) { /* every key of the tile: probabilities broadcast in the loop */
-        pvr_dims(R, dt, vrows, p, ldp, NULL, nc, dp, alpha, o, pf);
+        pvr_dims(R, dt, vrows, p, ldp, NULL, nc, d, dp, alpha, o, pf);
         return;
     }
     const void *vl[CPU_KT];
@@ -1189,40 +1213,40 @@ static inline __attribute__((always_inline)) void pvr_body(int R, pa_dtype dt, c
         for (int h = 0; h < R; h++) _mm256_store_ps(pb + (size_t)nv * 32 + 8 * h, _mm256_broadcast_ss(p + (size_t)h * ldp + c));
         nv++;
     }
-    pvr_dims(R, dt, vl, p, ldp, pb, nv, dp, alpha, o, pf);
+    pvr_dims(R, dt, vl, p, ldp, pb, nv, d, dp, alpha, o, pf);
 }
 
 /* Groups of 4 rows, then the rest (1-3 rows); each group prefetches its share of pf. */
 static inline __attribute__((always_inline)) void qk_src_rows(pa_dtype dt, const void *const *krows, int nc,
-                                                              const float *q, int nr, int dp, float *s, int lds,
-                                                              const pa__cpu_pf *pf)
+                                                              const float *q, int nr, int d, int dp, float *s,
+                                                              int lds, const pa__cpu_pf *pf)
 {
     int r = 0, ng = (nr + 3) / 4;
     for (; r + 4 <= nr; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        qk4_body(dt, krows, nc, q + (size_t)r * dp, dp, s + (size_t)r * lds, lds, pf ? &part : NULL);
+        qk4_body(dt, krows, nc, q + (size_t)r * dp, d, dp, s + (size_t)r * lds, lds, pf ? &part : NULL);
     }
     if (r < nr) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
         const float *qr = q + (size_t)r * dp;
         float *sr = s + (size_t)r * lds;
         switch (nr - r) {
-        case 1: qkr_body(false, 1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        case 2: qkr_body(false, 2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        default: qkr_body(false, 3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 1: qkr_body(false, 1, dt, krows, nc, qr, d, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(false, 2, dt, krows, nc, qr, d, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(false, 3, dt, krows, nc, qr, d, dp, sr, lds, pf ? &part : NULL); break;
         }
     }
 }
 
 static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const void *const *vrows, int nc,
-                                                              const float *p, int ldp, int nr, int dp,
+                                                              const float *p, int ldp, int nr, int d, int dp,
                                                               const float *alpha, const unsigned char *colmask,
                                                               float *o, const pa__cpu_pf *pf)
 {
     int r = 0, ng = (nr + 3) / 4;
     for (; r + 4 <= nr && nc <= CPU_KT; r += 4) {
         pa__cpu_pf part = pf_part(pf, r / 4, ng);
-        pvr_body(4, dt, vrows, nc, p + (size_t)r * ldp, ldp, dp, alpha + r, colmask, o + (size_t)r * dp,
+        pvr_body(4, dt, vrows, nc, p + (size_t)r * ldp, ldp, d, dp, alpha + r, colmask, o + (size_t)r * dp,
                  pf ? &part : NULL);
     }
     if (r < nr && nc <= CPU_KT) {
@@ -1230,9 +1254,9 @@ static inline __attribute__((always_inline)) void pv_src_rows(pa_dtype dt, const
         const float *pr = p + (size_t)r * ldp;
         float *orow = o + (size_t)r * dp;
         switch (nr - r) {
-        case 1: pvr_body(1, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
-        case 2: pvr_body(2, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
-        default: pvr_body(3, dt, vrows, nc, pr, ldp, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        case 1: pvr_body(1, dt, vrows, nc, pr, ldp, d, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        case 2: pvr_body(2, dt, vrows, nc, pr, ldp, d, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
+        default: pvr_body(3, dt, vrows, nc, pr, ldp, d, dp, alpha + r, colmask, orow, pf ? &part : NULL); break;
         }
     } else if (r < nr) {
         /* the rest of pf at once (nc > CPU_KT: all of it) */
@@ -1334,9 +1358,9 @@ static inline __attribute__((always_inline)) void qk_pairs_rows(pa_dtype dt, con
         const float *qr = q + (size_t)4 * g * dp;
         float *sr = s + (size_t)4 * g * lds;
         switch (nr - 4 * g) {
-        case 1: qkr_body(true, 1, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        case 2: qkr_body(true, 2, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
-        default: qkr_body(true, 3, dt, krows, nc, qr, dp, sr, lds, pf ? &part : NULL); break;
+        case 1: qkr_body(true, 1, dt, krows, nc, qr, dp, dp, sr, lds, pf ? &part : NULL); break;
+        case 2: qkr_body(true, 2, dt, krows, nc, qr, dp, dp, sr, lds, pf ? &part : NULL); break;
+        default: qkr_body(true, 3, dt, krows, nc, qr, dp, dp, sr, lds, pf ? &part : NULL); break;
         }
     }
 }
@@ -1351,18 +1375,74 @@ static void a2_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
     else qk_pairs_rows(PA__CPU_E4M3B, krows, nc, q, nr, dp, s, lds, pf);
 }
 
+/* qk_src and qk_src_tail: d the dims read from each row (d == dp for qk_src; a multiple of 8 for
+ * qk_src_tail: the 3-key and 1-key loops step 8 dims, the 2-key loop 16 and then the last 8).
+ * E4M3 as bf16 words (PA__CPU_E4M3B) reaches only qk_src_tail: the driver takes qk_src_pairs for
+ * it at head sizes that are multiples of 16. */
+static inline __attribute__((always_inline)) void qk_src_d(pa_dtype dtype, const void *const *krows, int nc,
+                                                           const float *q, int nr, int d, int dp, float *s,
+                                                           int lds, const pa__cpu_pf *pf)
+{
+    switch ((int)dtype) {
+    case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    case PA_DTYPE_FP8_E4M3:
+        if (pa__e4m3_rows_nan(krows, nc, d)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, d, dp, s, lds, pf);
+        else qk_src_rows(PA__CPU_E4M3F, krows, nc, q, nr, d, dp, s, lds, pf);
+        break;
+    case PA__CPU_E4M3B:
+        if (d == dp) break; /* (qk_src_pairs' form; not reached) */
+        if (pa__e4m3_rows_nan(krows, nc, d)) qk_src_rows(PA__CPU_E4M3BN, krows, nc, q, nr, d, dp, s, lds, pf);
+        else qk_src_rows(PA__CPU_E4M3B, krows, nc, q, nr, d, dp, s, lds, pf);
+        break;
+    case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, d, dp, s, lds, pf); break;
+    default: break;
+    }
+}
+
 static void a2_qk_src(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
                       float *s, int lds, const pa__cpu_pf *pf)
 {
-    switch (dtype) {
-    case PA_DTYPE_F32: qk_src_rows(PA_DTYPE_F32, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_F16: qk_src_rows(PA_DTYPE_F16, krows, nc, q, nr, dp, s, lds, pf); break;
-    case PA_DTYPE_BF16: qk_src_rows(PA_DTYPE_BF16, krows, nc, q, nr, dp, s, lds, pf); break;
+    qk_src_d(dtype, krows, nc, q, nr, dp, dp, s, lds, pf);
+}
+
+/* qk_src_tail (cpu.h) for head sizes that are multiples of 8 (tail_align): the 8-dim steps of
+ * the decode kernels end where the row ends, so nothing past it is read and no mask is needed */
+static void a2_qk_src_tail(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int d,
+                           int dp, float *s, int lds, const pa__cpu_pf *pf)
+{
+    qk_src_d(dtype, krows, nc, q, nr, d, dp, s, lds, pf);
+}
+
+static inline __attribute__((always_inline)) void pv_src_d(pa_dtype dtype, const void *const *vrows, int nc,
+                                                           const float *p, int ldp, int nr, int d, int dp,
+                                                           const float *alpha, const unsigned char *colmask,
+                                                           float *o, const pa__cpu_pf *pf)
+{
+    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
+    case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
+    case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
     case PA_DTYPE_FP8_E4M3:
-        if (pa__e4m3_rows_nan(krows, nc, dp)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, dp, s, lds, pf);
-        else qk_src_rows(PA__CPU_E4M3F, krows, nc, q, nr, dp, s, lds, pf);
+        if (pa__e4m3_rows_nan(vrows, nc, d)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+        else pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
         break;
-    case PA_DTYPE_FP8_E5M2: qk_src_rows(PA_DTYPE_FP8_E5M2, krows, nc, q, nr, dp, s, lds, pf); break;
+    case PA__CPU_E4M3B:
+        if (pa__e4m3_rows_nan(vrows, nc, d)) {
+            pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+        } else if (nr <= 16 && nc <= CPU_KT) {
+            /* V as bf16 words (2^-120 times), so the probabilities 2^120 times (they are at most
+             * 1): every product is the unscaled one. A pair split costs 5 integer operations per
+             * 16 values against ~8 through f16. */
+            float ps[16 * CPU_KT] __attribute__((aligned(32)));
+            pa__cpu_probs_up(p, ldp, nr, nc, ps);
+            pv_src_rows(PA__CPU_E4M3B, vrows, nc, ps, CPU_KT, nr, d, dp, alpha, colmask, o, pf);
+        } else {
+            pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf);
+        }
+        break;
+    case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, d, dp, alpha, colmask, o, pf); break;
     default: break;
     }
 }
@@ -1371,31 +1451,30 @@ static void a2_pv_src(pa_dtype dtype, const void *const *vrows, int nc, const fl
                       int dp, const float *alpha, const unsigned char *colmask, float *o,
                       const pa__cpu_pf *pf)
 {
-    switch ((int)dtype) { /* (int: PA__CPU_E4M3B is a tag beside the enumerators) */
-    case PA_DTYPE_F32: pv_src_rows(PA_DTYPE_F32, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    case PA_DTYPE_F16: pv_src_rows(PA_DTYPE_F16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    case PA_DTYPE_BF16: pv_src_rows(PA_DTYPE_BF16, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    case PA_DTYPE_FP8_E4M3:
-        if (pa__e4m3_rows_nan(vrows, nc, dp)) pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
-        else pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
-        break;
-    case PA__CPU_E4M3B:
-        if (pa__e4m3_rows_nan(vrows, nc, dp)) {
-            pv_src_rows(PA_DTYPE_FP8_E4M3, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
-        } else if (nr <= 16 && nc <= CPU_KT) {
-            /* V as bf16 words (2^-120 times), so the probabilities 2^120 times (they are at most
-             * 1): every product is the unscaled one. A pair split costs 5 integer operations per
-             * 16 values against ~8 through f16. */
-            float ps[16 * CPU_KT] __attribute__((aligned(32)));
-            pa__cpu_probs_up(p, ldp, nr, nc, ps);
-            pv_src_rows(PA__CPU_E4M3B, vrows, nc, ps, CPU_KT, nr, dp, alpha, colmask, o, pf);
-        } else {
-            pv_src_rows(PA__CPU_E4M3F, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
+    pv_src_d(dtype, vrows, nc, p, ldp, nr, dp, dp, alpha, colmask, o, pf);
+}
+
+/* pv_src_tail (cpu.h) for head sizes that are multiples of 8, as a2_qk_src_tail: the 8-dim
+ * chunks end at d; o's dims past d are scaled by alpha after (alpha NULL: 1, as the AVX-512
+ * entries take it). nr is at most an item's rows (CPU_ROWS). Keys in tiles of at most CPU_KT
+ * (the driver's tiles are; longer calls go by such tiles, alpha with the first), so that only
+ * pv_src_rows' 4-row groups and 1-3 row rest run, never pv_src_body's 16-dim steps. */
+static void a2_pv_src_tail(pa_dtype dtype, const void *const *vrows, int nc, const float *p, int ldp, int nr,
+                           int d, int dp, const float *alpha, const unsigned char *colmask, float *o,
+                           const pa__cpu_pf *pf)
+{
+    float one[CPU_ROWS];
+    if (!alpha || nc > CPU_KT)
+        for (int r = 0; r < nr; r++) one[r] = 1.0f;
+    const float *al = alpha ? alpha : one;
+    for (int c0 = 0; c0 < nc; c0 += CPU_KT)
+        pv_src_d(dtype, vrows + c0, nc - c0 < CPU_KT ? nc - c0 : CPU_KT, p + c0, ldp, nr, d, dp, c0 ? one : al,
+                 colmask ? colmask + c0 : NULL, o, c0 ? NULL : pf);
+    for (int r = 0; r < nr; r++)
+        for (int j = d; j < dp; j += 8) {
+            float *oj = o + (size_t)r * dp + j;
+            _mm256_store_ps(oj, _mm256_mul_ps(_mm256_load_ps(oj), _mm256_set1_ps(al[r])));
         }
-        break;
-    case PA_DTYPE_FP8_E5M2: pv_src_rows(PA_DTYPE_FP8_E5M2, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf); break;
-    default: break;
-    }
 }
 
 /* ---- output ------------------------------------------------------------------------------- */
@@ -1460,6 +1539,9 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->load_rows_t = a2_load_rows_t;
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;
+    k->qk_src_tail = a2_qk_src_tail;
+    k->pv_src_tail = a2_pv_src_tail;
+    k->tail_align = 8;
     k->pf_spread = true;
     k->e4m3_bf16 = true;
 }

@@ -1266,6 +1266,7 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->pf_spread = true;
     k->qk_src_tail = a5_qk_src_tail;
     k->pv_src_tail = a5_pv_src_tail;
+    k->tail_align = 1;
     k->e4m3_bf16 = !lut; /* (lut: the driver passes the fp8 dtypes as they are) */
     if (lut) {
         k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt, k->fp8_lut = true;
