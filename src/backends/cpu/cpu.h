@@ -310,6 +310,10 @@ typedef struct pa__cpu_kernels {
                          float *s, int lds, const struct pa__cpu_pf *pf);
     /* Dims per group of qk_src_pairs' split query rows: 16 (AVX2: 8-lane vectors), 32 (AVX-512). */
     int pair_span;
+    /* Optional (NULL: pa__cpu_pair_split, then a loop for mul). The pair split of q[0 .. n) in
+     * groups of span dims (n a multiple of span, span a multiple of 16 up to 64), each value then
+     * times mul (1: left as it is). */
+    void (*pair_split)(float *q, size_t n, int span, float mul);
     /* Optional (NULL: qk_t). Prefill QK by bf16 dot products, bf16 queries over bf16 keys: kt2
      * is the tile as 32-bit pairs of bf16, transposed (load_rows_t of the key rows read as f32
      * words: kt2[w * CPU_KT + i] = pair w of key i, zero for w >= d / 2 and i in [n, n16));
@@ -429,15 +433,24 @@ static inline bool pa__cpu_is_e4m3(pa_dtype dt)
 
 /* Rows r < nr of q (dp apart, dp a multiple of span, span 16 or 32) rearranged in place for
  * qk_src_pairs: in every span dims, the span / 2 even dims first, then the odd ones. */
-static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
+static inline __attribute__((always_inline)) void pa__cpu_pair_split_k(float *q, size_t n, const int span)
 {
     const int half = span / 2;
-    for (int r = 0; r < nr; r++)
-        for (int j = 0; j + span <= dp; j += span) {
-            float *b = q + (size_t)r * dp + j, t[32];
-            for (int i = 0; i < half; i++) t[i] = b[2 * i], t[half + i] = b[2 * i + 1];
-            memcpy(b, t, (size_t)span * sizeof(float));
-        }
+    for (size_t j = 0; j + (size_t)span <= n; j += (size_t)span) {
+        float *b = q + j, t[32];
+        for (int i = 0; i < half; i++) t[i] = b[2 * i], t[half + i] = b[2 * i + 1];
+        memcpy(b, t, (size_t)span * sizeof(float));
+    }
+}
+/* (the spans as constants: with span a variable, the copy back was a call to memcpy per 16 or
+ * 32 dims, 13% of a cache-resident decode of 64 sequences x 16 keys; bench/NOTES.md, forty-sixth
+ * pass) */
+static inline void pa__cpu_pair_split(float *q, int nr, int dp, int span)
+{
+    if (span == 16 && dp % 16 == 0) pa__cpu_pair_split_k(q, (size_t)nr * dp, 16);
+    else if (span == 32 && dp % 32 == 0) pa__cpu_pair_split_k(q, (size_t)nr * dp, 32);
+    else
+        for (int r = 0; r < nr; r++) pa__cpu_pair_split_k(q + (size_t)r * dp, (size_t)dp, span);
 }
 
 /* The online softmax's rescale of a row's sums when its running maximum m becomes mn (>= m, not

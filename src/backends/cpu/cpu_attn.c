@@ -412,15 +412,20 @@ static bool chunk_seen(const struct pa_layer *L, const struct pa_batch *b, int32
     return (lo > k0 ? lo : k0) < (hi < k1 ? hi : k1);
 }
 
-/* Whether a row's sum or some element of its o is NaN or infinite (bits: vectorizable). */
-static bool row_nonfinite(const float *o, int d, float l)
+/* Whether a row's sum l or some element of its o is NaN or infinite, and then o[0 .. d) times
+ * un, in one pass that the compiler vectorizes (a signed compare of the magnitudes' bits: SSE2
+ * has it): the check and the scaling apart, the check element by element, were a tenth of the
+ * instructions of a cache-resident decode of 64 sequences x 16 keys
+ * (bench/NOTES.md, forty-sixth pass) */
+static bool row_nonfinite_scale(float *o, int d, float l, float un)
 {
-    uint32_t acc = 0, b;
+    int32_t acc = 0, b;
     memcpy(&b, &l, sizeof b);
-    acc |= (b & 0x7f800000u) == 0x7f800000u;
+    acc |= (b & 0x7fffffff) > 0x7f7fffff ? -1 : 0;
     for (int i = 0; i < d; i++) {
         memcpy(&b, o + i, sizeof b);
-        acc |= (b & 0x7f800000u) == 0x7f800000u;
+        acc |= (b & 0x7fffffff) > 0x7f7fffff ? -1 : 0;
+        o[i] *= un;
     }
     return acc != 0;
 }
@@ -569,6 +574,12 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * contract's scale dot(q, k) need not, by scale 2^-e, the scores then times 2^e (exact),
          * e the least that keeps every q finite (post_e) */
         int post_e = 0;
+        /* the pair split in registers where the table can (the driver's loop, through a scratch
+         * copy of each group, was a fifth of a cache-resident decode of 64 sequences x 16 keys;
+         * bench/NOTES.md, forty-sixth pass), over bf16 keys with the scale in the same pass */
+        const bool split_k = direct && !q16 && K->qk_src_pairs && K->pair_split && d == dp &&
+                             dp % K->pair_span == 0 && K->pair_span % 16 == 0 && K->pair_span <= 64;
+        float split_mul = 1.0f;
         if (!(q16e || (q16 && (direct || (transposed && K->qk_t_bf16 && d % 2 == 0))))) {
             K->load_rows(cfg->q_dtype, sc->rows, nr, d, dp, sc->q); /* nr <= CPU_ROWS */
             float qm = qsc;
@@ -576,14 +587,20 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 post_e = q_overflow_exp(sc->q, (size_t)nr * dp, qsc_d);
                 qm = (float)ldexp(qsc_d, -post_e); /* (e = 0: qsc) */
             }
-            for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qm;
+            if (split_k && ks[0].dtype == PA_DTYPE_BF16) split_mul = qm; /* (pairs below) */
+            else
+                for (int64_t i = 0; i < (int64_t)nr * dp; i++) sc->q[i] *= qm;
         }
         const bool e4p = direct && e4b && !q16e && pa__cpu_e4m3_up_ok(sc->q, (size_t)nr * dp);
         const bool pairs = direct && !q16 && K->qk_src_pairs && d == dp && dp % K->pair_span == 0 &&
                            (ks[0].dtype == PA_DTYPE_BF16 || e4p);
-        if (pairs) pa__cpu_pair_split(sc->q, nr, dp, K->pair_span);
-        if (e4p)
-            for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
+        if (split_k && pairs) {
+            K->pair_split(sc->q, (size_t)nr * dp, K->pair_span, e4p ? PA__CPU_E4M3_UP : split_mul);
+        } else {
+            if (pairs) pa__cpu_pair_split(sc->q, nr, dp, K->pair_span);
+            if (e4p)
+                for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
+        }
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
         const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0, nnv = 0;
@@ -844,9 +861,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const float un = ldexpf(1.0f, -K->p_exp);
         for (int r = 0; r < nr; r++) {
             float *o = sc->o + (size_t)r * dp;
-            redo[r] = !sc->bad[r] && row_nonfinite(o, d, sc->l[r]);
+            redo[r] = row_nonfinite_scale(o, d, sc->l[r], un) && !sc->bad[r];
             again |= redo[r];
-            for (int i = 0; i < d; i++) o[i] *= un;
             sc->l[r] *= un;
         }
     }

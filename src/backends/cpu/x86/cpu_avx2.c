@@ -1365,6 +1365,41 @@ static inline __attribute__((always_inline)) void qk_pairs_rows(pa_dtype dt, con
     }
 }
 
+/* pair_split (cpu.h): 16 values at a time, the even ones gathered by one shuffle within each
+ * 128-bit half and a permute of 64-bit pairs across them, the odd ones likewise; a group's loads
+ * all before its stores (in place). Instances per span and for mul 1 (with a variable span the
+ * group's vectors went through the stack: 18k instructions per 32 x 128 query rows). */
+static inline __attribute__((always_inline)) void pair_split_k(float *q, size_t n, const int span, const bool mul1,
+                                                               float mul)
+{
+    const __m256 m = _mm256_set1_ps(mul);
+    const int half = span / 2, nk = span / 16;
+    for (size_t j = 0; j + (size_t)span <= n; j += (size_t)span) {
+        float *b = q + j;
+        __m256 ev[4], od[4];
+        for (int k = 0; k < nk; k++) {
+            const __m256 x = _mm256_loadu_ps(b + 16 * k), y = _mm256_loadu_ps(b + 16 * k + 8);
+            ev[k] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0x88)), 0xd8));
+            od[k] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0xdd)), 0xd8));
+        }
+        for (int k = 0; k < nk; k++) {
+            _mm256_storeu_ps(b + 8 * k, mul1 ? ev[k] : _mm256_mul_ps(ev[k], m));
+            _mm256_storeu_ps(b + half + 8 * k, mul1 ? od[k] : _mm256_mul_ps(od[k], m));
+        }
+    }
+}
+
+static void a2_pair_split(float *q, size_t n, int span, float mul)
+{
+    const bool one = mul == 1.0f;
+    switch (span) {
+    case 16: one ? pair_split_k(q, n, 16, true, mul) : pair_split_k(q, n, 16, false, mul); break;
+    case 32: one ? pair_split_k(q, n, 32, true, mul) : pair_split_k(q, n, 32, false, mul); break;
+    case 48: pair_split_k(q, n, 48, false, mul); break;
+    default: pair_split_k(q, n, 64, false, mul); break;
+    }
+}
+
 /* bf16 keys, or E4M3 keys as bf16 words (PA__CPU_E4M3B; the rows scanned for NaN bytes first,
  * as in a2_qk_src) */
 static void a2_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, const float *q, int nr, int dp,
@@ -1536,6 +1571,7 @@ void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k)
     k->qk_src = a2_qk_src;
     k->qk_src_pairs = a2_qk_src_pairs;
     k->pair_span = 16;
+    k->pair_split = a2_pair_split;
     k->load_rows_t = a2_load_rows_t;
     k->qk_t = a2_qk_t;
     k->pv_src = a2_pv_src;
