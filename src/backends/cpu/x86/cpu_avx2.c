@@ -858,51 +858,35 @@ static inline __attribute__((always_inline)) void qk4_body(pa_dtype dt, const vo
         const char *k0 = krows[c], *k1 = krows[c + 1];
         __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
         __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+        /* the 4 rows' FMAs over 8 dims from jj of the two keys (x0, x1) */
+#define QK4X2(jj, x0, x1)                                                                            \
+    do {                                                                                             \
+        __m256 w = _mm256_load_ps(q0 + (jj));                                                        \
+        a00 = _mm256_fmadd_ps(w, x0, a00);                                                           \
+        a01 = _mm256_fmadd_ps(w, x1, a01);                                                           \
+        w = _mm256_load_ps(q1 + (jj));                                                               \
+        a10 = _mm256_fmadd_ps(w, x0, a10);                                                           \
+        a11 = _mm256_fmadd_ps(w, x1, a11);                                                           \
+        w = _mm256_load_ps(q2 + (jj));                                                               \
+        a20 = _mm256_fmadd_ps(w, x0, a20);                                                           \
+        a21 = _mm256_fmadd_ps(w, x1, a21);                                                           \
+        w = _mm256_load_ps(q3 + (jj));                                                               \
+        a30 = _mm256_fmadd_ps(w, x0, a30);                                                           \
+        a31 = _mm256_fmadd_ps(w, x1, a31);                                                           \
+    } while (0)
         int j = 0;
         for (; j + 16 <= d; j += 16) {
-            __m256 x0, y0, x1, y1, w;
+            __m256 x0, y0, x1, y1;
             cvt16r(dt, k0 + j * es, &x0, &y0);
             cvt16r(dt, k1 + j * es, &x1, &y1);
-            w = _mm256_load_ps(q0 + j);
-            a00 = _mm256_fmadd_ps(w, x0, a00);
-            a01 = _mm256_fmadd_ps(w, x1, a01);
-            w = _mm256_load_ps(q1 + j);
-            a10 = _mm256_fmadd_ps(w, x0, a10);
-            a11 = _mm256_fmadd_ps(w, x1, a11);
-            w = _mm256_load_ps(q2 + j);
-            a20 = _mm256_fmadd_ps(w, x0, a20);
-            a21 = _mm256_fmadd_ps(w, x1, a21);
-            w = _mm256_load_ps(q3 + j);
-            a30 = _mm256_fmadd_ps(w, x0, a30);
-            a31 = _mm256_fmadd_ps(w, x1, a31);
-            w = _mm256_load_ps(q0 + j + 8);
-            a00 = _mm256_fmadd_ps(w, y0, a00);
-            a01 = _mm256_fmadd_ps(w, y1, a01);
-            w = _mm256_load_ps(q1 + j + 8);
-            a10 = _mm256_fmadd_ps(w, y0, a10);
-            a11 = _mm256_fmadd_ps(w, y1, a11);
-            w = _mm256_load_ps(q2 + j + 8);
-            a20 = _mm256_fmadd_ps(w, y0, a20);
-            a21 = _mm256_fmadd_ps(w, y1, a21);
-            w = _mm256_load_ps(q3 + j + 8);
-            a30 = _mm256_fmadd_ps(w, y0, a30);
-            a31 = _mm256_fmadd_ps(w, y1, a31);
+            QK4X2(j, x0, x1);
+            QK4X2(j + 8, y0, y1);
         }
         if (j < d) { /* the last 8 dims of a head size 8 past a multiple of 16 (qk_src_tail) */
             const __m256 x0 = cvt8r(dt, k0 + j * es), x1 = cvt8r(dt, k1 + j * es);
-            __m256 w = _mm256_load_ps(q0 + j);
-            a00 = _mm256_fmadd_ps(w, x0, a00);
-            a01 = _mm256_fmadd_ps(w, x1, a01);
-            w = _mm256_load_ps(q1 + j);
-            a10 = _mm256_fmadd_ps(w, x0, a10);
-            a11 = _mm256_fmadd_ps(w, x1, a11);
-            w = _mm256_load_ps(q2 + j);
-            a20 = _mm256_fmadd_ps(w, x0, a20);
-            a21 = _mm256_fmadd_ps(w, x1, a21);
-            w = _mm256_load_ps(q3 + j);
-            a30 = _mm256_fmadd_ps(w, x0, a30);
-            a31 = _mm256_fmadd_ps(w, x1, a31);
+            QK4X2(j, x0, x1);
         }
+#undef QK4X2
         __m256 t = hsum8(a00, a01, a10, a11, a20, a21, a30, a31);
         if (pf) {
             int pe = (int)((int64_t)(c + 2) * pf->n / nc);
