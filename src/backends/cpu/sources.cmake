@@ -35,8 +35,11 @@ endif()
 # CFLAGS) gcc 12 leaves their small arrays of vector accumulators in memory: decode 16 x 4096
 # bf16 ran 1.7x and a 2048-token prefill 2.4x slower (bench/NOTES.md, ninth pass). So the cpu
 # backend's files get -O3 in every configuration but Debug, whatever the embedding project's
-# flags: source options come after CMAKE_C_FLAGS[_<CONFIG>] on the command line.
-if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
+# flags: source options come after CMAKE_C_FLAGS[_<CONFIG>] on the command line. Not in sanitized
+# builds (PAGEDATTN_SANITIZE), which check, not measure: CI builds them at -O1 -g1, and the -O3
+# here had overridden that (the sanitized build took most of CI's ASan section, 19 minutes on a
+# Zen 3; bench/NOTES.md, forty-sixth pass).
+if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang" AND NOT PAGEDATTN_SANITIZE)
   set(PA_CPU_SOURCES ${PA_SOURCES})
   list(REMOVE_ITEM PA_CPU_SOURCES ${PA_CPU_SOURCES_BEFORE})
   set_property(SOURCE ${PA_CPU_SOURCES} APPEND PROPERTY COMPILE_OPTIONS "$<$<NOT:$<CONFIG:Debug>>:-O3>")
