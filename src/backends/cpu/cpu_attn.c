@@ -515,9 +515,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * (and the head size is a multiple of its tail_align), with those kernels only: the
          * other direct kernels read whole 16- or 32-dim steps (one thread, 16 x 4096 bf16 at
          * head size 120, against copies: bench/NOTES.md, forty-fourth pass; AVX2, forty-sixth) */
-        const bool direct = K->qk_src &&
-                            (d == dp || (K->qk_src_tail && K->pv_src_tail && K->tail_align > 0 && d % K->tail_align == 0)) &&
-                            nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
+        const bool tail_ok = K->qk_src_tail && K->pv_src_tail && K->tail_align > 0 && d % K->tail_align == 0;
+        const bool direct = K->qk_src && (d == dp || tail_ok) && nrk <= (direct_rows == 16 && !fp8 ? 32 : direct_rows);
         /* bf16 queries as given, for bf16 dot products over bf16 keys (scale after the sums);
          * the item's KV heads share one key source dtype */
         bool q16 = K->qk_src_bf16 && cfg->q_dtype == PA_DTYPE_BF16 && ks[0].dtype == PA_DTYPE_BF16 && isfinite(qsc) &&
