@@ -1410,8 +1410,7 @@ static inline __attribute__((always_inline)) void qk_src_d(pa_dtype dtype, const
         if (pa__e4m3_rows_nan(krows, nc, d)) qk_src_rows(PA_DTYPE_FP8_E4M3, krows, nc, q, nr, d, dp, s, lds, pf);
         else qk_src_rows(PA__CPU_E4M3F, krows, nc, q, nr, d, dp, s, lds, pf);
         break;
-    case PA__CPU_E4M3B:
-        if (d == dp) break; /* (qk_src_pairs' form; not reached) */
+    case PA__CPU_E4M3B: /* (at d == dp the driver takes qk_src_pairs; these rows work there too) */
         if (pa__e4m3_rows_nan(krows, nc, d)) qk_src_rows(PA__CPU_E4M3BN, krows, nc, q, nr, d, dp, s, lds, pf);
         else qk_src_rows(PA__CPU_E4M3B, krows, nc, q, nr, d, dp, s, lds, pf);
         break;
