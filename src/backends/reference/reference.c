@@ -13,6 +13,7 @@ typedef struct kv_source {
     int64_t first_row;      /* row of key 0 */
     pa_dtype dtype;
     double k_scale, v_scale;
+    float lut[256];         /* fp8 dtypes: each code's value (pa_fp8e4m3_to_f32 or _e5m2) */
 } kv_source;
 
 /* Key (or value) j of KV head kh, dequantized, into row[0..head_size). */
@@ -29,7 +30,24 @@ static void kv_row(const kv_source *s, bool value, int64_t j, int32_t kh, int32_
         base = value ? s->v : s->k;
         off = (s->first_row + j) * (value ? s->v_rs : s->k_rs) + (int64_t)kh * head_size;
     }
-    for (int32_t d = 0; d < head_size; d++) row[d] = pa__load_f32(s->dtype, base, off + d) * scale;
+    /* what pa__load_f32(s->dtype, base, off + d) * scale gives, the dtype chosen once a row */
+    switch (s->dtype) {
+    case PA_DTYPE_F32:
+        for (int32_t d = 0; d < head_size; d++) row[d] = ((const float *)base)[off + d] * scale;
+        break;
+    case PA_DTYPE_F16:
+        for (int32_t d = 0; d < head_size; d++) row[d] = pa_f16_to_f32(((const uint16_t *)base)[off + d]) * scale;
+        break;
+    case PA_DTYPE_BF16:
+        for (int32_t d = 0; d < head_size; d++) row[d] = pa_bf16_to_f32(((const uint16_t *)base)[off + d]) * scale;
+        break;
+    case PA_DTYPE_FP8_E4M3:
+    case PA_DTYPE_FP8_E5M2:
+        for (int32_t d = 0; d < head_size; d++) row[d] = s->lut[((const uint8_t *)base)[off + d]] * scale;
+        break;
+    default:
+        for (int32_t d = 0; d < head_size; d++) row[d] = pa__load_f32(s->dtype, base, off + d) * scale;
+    }
 }
 
 /* The logit s_j of the contract, steps 1-3: scale * q.k, soft-cap, ALiBi. */
@@ -47,8 +65,10 @@ static double logit(const struct pa_layer *L, const kv_source *s, const double *
 }
 
 /* One query row: token `tok` at position p, head h, over keys [lo, hi) of source s. */
+/* lg: room for hi - lo logits, or NULL: pass 2 then computes each logit again (the same value,
+ * the same function of the same operands). */
 static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_t h, int64_t p,
-                       int64_t lo, int64_t hi)
+                       int64_t lo, int64_t hi, double *lg)
 {
     const struct pa_layer *L = f->layer;
     const pa_layer_config *c = &L->cfg;
@@ -66,6 +86,7 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
     for (int64_t j = lo; j < hi; j++) {
         if (!pa__blocksparse_visible(L, h, p, j)) continue;
         double x = logit(L, s, q, h, p, j);
+        if (lg) lg[j - lo] = x;
         poisoned |= isnan(x) || x == INFINITY;
         m = fmax(m, x);
     }
@@ -79,7 +100,7 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
     double denom = 0;
     for (int64_t j = lo; j < hi && m > -INFINITY; j++) {
         if (!pa__blocksparse_visible(L, h, p, j)) continue;
-        double w = exp(logit(L, s, q, h, p, j) - m), v[512];
+        double w = exp((lg ? lg[j - lo] : logit(L, s, q, h, p, j)) - m), v[512];
         denom += w;
         kv_row(s, true, j, h / L->group, D, v);
         for (int32_t d = 0; d < D; d++) acc[d] += w * v[d];
@@ -113,6 +134,8 @@ static kv_source source_for(const pa__fwd *f, int32_t seq)
         s.first_row = m->query_start_loc[seq];
         s.dtype = c->kv_dtype;
     }
+    if (pa__dtype_is_fp8(s.dtype))
+        for (int i = 0; i < 256; i++) s.lut[i] = pa__load_f32(s.dtype, &(uint8_t){(uint8_t)i}, 0);
     return s;
 }
 
@@ -132,6 +155,15 @@ void pa__reference_forward(const pa__fwd *f)
     const pa_batch_metadata *m = &f->batch->md;
     const pa_layer_config *c = &f->layer->cfg;
     if (f->write_kv && f->args->cache) write_new_kv(f);
+    /* scratch for one row's logits, so that pass 2 reads them instead of computing each again
+     * (the key rows' conversion and dot products were most of the reference's time); without it
+     * (allocation failed) the rows compute them twice, to the same values */
+    int64_t longest = 0;
+    for (int32_t seq = 0; seq < m->num_seqs; seq++) {
+        int64_t kv_len = pa__kv_len(f->batch, c->attn_type, seq);
+        if (kv_len > longest) longest = kv_len;
+    }
+    double *lg = longest > 0 ? malloc((size_t)longest * sizeof *lg) : NULL;
     for (int32_t seq = 0; seq < m->num_seqs; seq++) {
         kv_source s = source_for(f, seq);
         int64_t kv_len = pa__kv_len(f->batch, c->attn_type, seq);
@@ -140,9 +172,10 @@ void pa__reference_forward(const pa__fwd *f)
             int64_t p = (int64_t)m->context_lens[seq] + t; /* absolute position */
             int64_t lo = 0, hi = kv_len;
             if (c->attn_type != PA_ATTN_ENCODER_DECODER) pa__key_range(f->layer, p, kv_len, &lo, &hi);
-            for (int32_t h = 0; h < c->num_heads; h++) attend_row(f, &s, tok, h, p, lo, hi);
+            for (int32_t h = 0; h < c->num_heads; h++) attend_row(f, &s, tok, h, p, lo, hi, lg);
         }
     }
+    free(lg);
 }
 
 static pa_status reference_forward(void *impl, const pa__fwd *f, void *plan)
