@@ -1827,6 +1827,95 @@ static pa_status run_reference(const ginputs *in, goutputs *ref)
     return s;
 }
 
+/* The reference's results per grid case, kept for the rest of the process. test_cpu_grid runs
+ * every case once per ISA path (and the E4M3 rows once more per conversion), and the reference's
+ * forward was most of its time (~2/3 natively: it converts each key row once per query row), the
+ * same function of the same inputs each time. A result is reused only where every input byte
+ * hashes as when it was made: the q, k and v rows, the cache before forward, the block tables,
+ * slots, ALiBi slopes and sinks (the case's geometry and metadata are its index's). What is kept:
+ * the output and LSE as doubles and a 64-bit hash of the cache after forward (the cache check
+ * compares hashes then, not bytes), up to REF_MEMO_BYTES in all; past that, cases recompute. */
+#define REF_MEMO_BYTES ((size_t)1 << 30)
+typedef struct ref_memo {
+    uint64_t in_hash, pool_hash;
+    double *out, *lse; /* NULL: none kept */
+    int64_t nout, nlse;
+} ref_memo;
+static ref_memo ref_memos[sizeof cases / sizeof cases[0]];
+static size_t ref_memo_bytes;
+
+/* a 64-bit hash of n bytes at p, continuing from h (8 bytes a step: the caches run to MBs) */
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h ^ (uint64_t)n;
+}
+
+static uint64_t inputs_hash(const ginputs *in)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const gbuf *bufs[] = {&in->qkv, &in->kbuf, &in->vbuf, &in->pool_buf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->base) h = hash_bytes(h, bufs[i]->p, bufs[i]->bytes);
+    h = hash_bytes(h, in->tables, sizeof in->tables);
+    h = hash_bytes(h, in->ntable, sizeof in->ntable);
+    h = hash_bytes(h, in->xtables, sizeof in->xtables);
+    h = hash_bytes(h, in->nxtable, sizeof in->nxtable);
+    h = hash_bytes(h, in->slots, sizeof in->slots);
+    h = hash_bytes(h, in->alibi, sizeof in->alibi);
+    return hash_bytes(h, in->sinks, sizeof in->sinks);
+}
+
+/* The reference's output and LSE (as doubles, into wo and wl) and the hash of its cache after
+ * forward, for the case of `in`: from the memo where it holds this case with these inputs, else
+ * by running the reference (and keeping the result where the budget allows). */
+static pa_status reference_result(const ginputs *in, double *wo, double *wl, uint64_t *pool_hash)
+{
+    const gcase *c = in->c;
+    const int64_t nout = in->ntok * c->H * c->D, nlse = in->ntok * c->H;
+    const bool in_grid = (uintptr_t)c >= (uintptr_t)cases && (uintptr_t)c < (uintptr_t)(cases + ncases);
+    ref_memo *m = in_grid ? &ref_memos[c - cases] : NULL;
+    const uint64_t ih = m ? inputs_hash(in) : 0;
+    if (m && m->out && m->in_hash == ih && m->nout == nout && m->nlse == nlse) {
+        memcpy(wo, m->out, (size_t)nout * sizeof *wo);
+        memcpy(wl, m->lse, (size_t)nlse * sizeof *wl);
+        *pool_hash = m->pool_hash;
+        return PA_STATUS_OK;
+    }
+    goutputs ref;
+    memset(&ref, 0, sizeof ref);
+    pa_status rs = make_outputs(in, &ref) ? PA_STATUS_OUT_OF_MEMORY : run_reference(in, &ref);
+    if (!rs) {
+        as_doubles(in, &ref, wo, wl);
+        *pool_hash = hash_bytes(0, ref.pool.p, ref.pool.bytes);
+        const size_t bytes = (size_t)(nout + nlse) * sizeof(double);
+        if (m && !m->out && ref_memo_bytes + bytes <= REF_MEMO_BYTES) {
+            m->out = malloc((size_t)nout * sizeof *wo + 1);
+            m->lse = malloc((size_t)nlse * sizeof *wl + 1);
+            if (m->out && m->lse) {
+                memcpy(m->out, wo, (size_t)nout * sizeof *wo);
+                memcpy(m->lse, wl, (size_t)nlse * sizeof *wl);
+                m->in_hash = ih, m->pool_hash = *pool_hash, m->nout = nout, m->nlse = nlse;
+                ref_memo_bytes += bytes;
+            } else {
+                free(m->out);
+                free(m->lse);
+                m->out = m->lse = NULL;
+            }
+        }
+    }
+    free_outputs(&ref);
+    return rs;
+}
+
 static int run_case(const pa_backend *backend, const gcase *c, int num_threads, int det_threads, grid_result *res);
 
 int grid_run_case(const pa_backend *backend, int index, int num_threads, grid_result *res)
@@ -1884,11 +1973,10 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
     fegetenv(&caller);
     fesetenv(FE_DFL_ENV);
     ginputs in;
-    goutputs got, ref;
+    goutputs got;
     cmp_ctx k = {res, 0};
     memset(&got, 0, sizeof got);
-    memset(&ref, 0, sizeof ref);
-    if (make_inputs(&in, c, res->reason, sizeof res->reason) || make_outputs(&in, &got) || make_outputs(&in, &ref)) {
+    if (make_inputs(&in, c, res->reason, sizeof res->reason) || make_outputs(&in, &got)) {
         res->failed = 1;
         goto done;
     }
@@ -1905,17 +1993,19 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
     if (!s) s = run_forward(ctx, &in, &got, device);
     pa_context_destroy(ctx);
     fesetenv(FE_DFL_ENV);
-    pa_status rs = s ? PA_STATUS_OK : run_reference(&in, &ref);
+    int64_t n = in.ntok * c->H * c->D;
+    double *wo = malloc((size_t)(n + 1) * sizeof *wo), *wl = malloc((size_t)(in.ntok * c->H + 1) * sizeof *wl);
+    uint64_t ref_pool_hash = 0;
+    pa_status rs = s ? PA_STATUS_OK
+                 : !wo || !wl ? PA_STATUS_OUT_OF_MEMORY
+                              : reference_result(&in, wo, wl, &ref_pool_hash);
     if (s || rs) {
         fail(&k, "forward failed: %s: %s", pa_status_name(s ? s : rs), pa_last_error());
     } else {
-        int64_t n = in.ntok * c->H * c->D;
-        double *wo = malloc((size_t)(n + 1) * sizeof *wo), *wl = malloc((size_t)(in.ntok * c->H + 1) * sizeof *wl);
-        as_doubles(&in, &ref, wo, wl);
         check_gaps(&k, &in, &got);
         compare(&k, &in, &got, wo, wl);
         res->digest = fnv1a(fnv1a(0xcbf29ce484222325ull, got.out.p, got.out.bytes), got.lse.p, got.lse.bytes);
-        if (!k.fail && memcmp(got.pool.p, ref.pool.p, in.pool_buf.bytes) != 0)
+        if (!k.fail && hash_bytes(0, got.pool.p, got.pool.bytes) != ref_pool_hash)
             fail(&k, "the cache after forward differs from the reference's");
         /* again with the plan made from another layer of the geometry (plan_sibling) */
         if (!k.fail) {
@@ -1948,13 +2038,12 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
                 fail(&k, "%d threads and %d threads give different bits", num_threads, det_threads);
             free_outputs(&again);
         }
-        free(wo);
-        free(wl);
     }
+    free(wo);
+    free(wl);
     res->failed = k.fail;
 done:
     free_outputs(&got);
-    free_outputs(&ref);
     free_inputs(&in);
     fesetenv(&caller);
     return res->failed;
@@ -2093,13 +2182,13 @@ static void oracle(const ginputs *in, double *want_out, double *want_lse)
         for (int32_t t = 0; t < c->seqs[s].q; t++)
             for (int32_t h = 0; h < c->H; h++) {
                 int64_t p = c->seqs[s].ctx + t, kh = h / (c->H / c->Hkv);
-                long double m = c->sinks ? in->sinks[h] : -INFINITY;
+                long double m = c->sinks ? in->sinks[h] : -INFINITY, qv[512];
+                for (int32_t d = 0; d < c->D; d++)
+                    qv[d] = load_float(c->qd, (char *)in->qkv.p + in->q_off, (tok0 + t) * in->q_rs + h * c->D + d);
                 bool poisoned = false; /* a visible logit is NaN or +inf: the row is NaN */
                 for (int64_t j = 0; j < n; j++) {
                     long double dot = 0;
-                    for (int32_t d = 0; d < c->D; d++)
-                        dot += (long double)load_float(c->qd, (char *)in->qkv.p + in->q_off, (tok0 + t) * in->q_rs + h * c->D + d) *
-                               K[j * kvrow + kh * c->D + d];
+                    for (int32_t d = 0; d < c->D; d++) dot += qv[d] * K[j * kvrow + kh * c->D + d];
                     long double x = scale * dot;
                     if (c->softcap > 0) x = c->softcap * tanhl(x / c->softcap);
                     if (c->alibi) x -= (long double)in->alibi[h] * fabsl((long double)(j - p));
