@@ -81,11 +81,11 @@ int main(void)
         return 77;
     }
     int tables = 0;
-    if (pa__cpu_kernels_init_generic && pa__cpu_kernels_init_avx2 && pa__cpu_kernels_init_avx512 && pa__cpu_detect &&
-        pa__cpu_isa_usable) {
+    /* (the AVX2 table whether or not this build has the AVX-512 files: PAGEDATTN_CPU_AVX512=OFF) */
+    if (pa__cpu_kernels_init_generic && pa__cpu_kernels_init_avx2 && pa__cpu_detect && pa__cpu_isa_usable) {
         pa__cpu_features f;
         pa__cpu_detect(&f);
-        if (pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
+        if (pa__cpu_kernels_init_avx512 && pa__cpu_isa_usable(PA__ISA_AVX512, &f)) {
             pa__cpu_kernels k;
             pa__cpu_kernels_init_generic(&k);
             pa__cpu_kernels_init_avx2(&k);

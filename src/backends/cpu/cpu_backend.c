@@ -201,6 +201,9 @@ static const char *cpu_info(void)
                                  : "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
                                    "EPYC and under SIMDe); E4M3 keys to bf16 through f16 at GQA 7-8 (no AVX512-VBMI)")
                  : "built, cannot run on this CPU",
+#elif defined(PAGEDATTN_NO_AVX512)
+             "not built (configured with PAGEDATTN_CPU_AVX512=OFF)",
+             "not built (configured with PAGEDATTN_CPU_AVX512=OFF)",
 #else
              "not built (compiler lacks the flags)",
              "not built (compiler lacks the flags)",
