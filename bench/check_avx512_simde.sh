@@ -21,6 +21,9 @@
 #        builds everything under the sanitizers (a read past a row by a 512-bit load fails it).
 set -eu
 SAN=${SAN:-}
+t0=$(date +%s)
+# stamp PHASE: how long the script has run when PHASE ends (CI reads it for its time budget)
+stamp() { echo "-- $1: $(( $(date +%s) - t0 )) s in"; }
 root=$(pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -127,29 +130,30 @@ sed -e 's|    case PA__ISA_AVX512:|    case PA__ISA_AVX512: return true;|' \
 # and AVX512-VBMI reported (the avx512bf16 path's E4M3 QK by byte tables)
 sed -e 's|f->avx512vbmi = (c >> 1) \& 1;|f->avx512vbmi = true;|' "$S/backends/cpu/x86/cpu_detect.c" > "$work/cpu_detect_vbmi.c"
 grep -q 'avx512vbmi = true' "$work/cpu_detect_vbmi.c" || { echo "FAIL: cpu_detect.c no longer matches the script's edit"; exit 1; }
-for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/backends/cpu/cpu_pool.c" \
-         "$S/backends/cpu/cpu_plan.c" "$S/backends/cpu/cpu_attn.c" "$S/backends/cpu/cpu_kernels_generic.c" \
-         "$work/cpu_detect_vbmi.c" "$work/cpu_backend_forced.c"; do
-  gcc $CF $SAN -c "$f" -o "$work/$(basename "$f" .c).o"
-done
 # st LOG CMD...: runs CMD with its output in LOG and prints its status (0 or 1), for jobs run in
 # the background (set -e stays out of them)
 st() { o=$1; shift; if "$@" > "$o" 2>&1; then echo 0; else echo 1; fi; }
-# the three kernel files side by side (the SIMDe ones take minutes); the SIMDe ones without -w
-# and with implicit declarations as errors: an intrinsic SIMDe lacks (and no shim above covers)
+# the SIMDe kernel files without -w and with implicit declarations as errors: an intrinsic SIMDe lacks (and no shim above covers)
 # would otherwise compile as an int-returning call and fail only at link or run time
 # at -O1: gcc 12 took 13 minutes over cpu_avx512.c at -O2 under SIMDe on a Zen 3 without
 # AVX-512 (where CI emulates both paths), 2.7 at -O1 (bench/NOTES.md, forty-sixth pass); this is
 # a check of the kernels' logic, not of their speed
 CFS="$(printf '%s' "$CF" | sed 's/ -w / /; s/ -O2 / -O1 /') -Werror=implicit-function-declaration"
-# the three kernel files side by side (the SIMDe ones take minutes)
-st "$work/cc_avx2.log" gcc $CF $SAN -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o" > "$work/cc_avx2" &
+# the three kernel files side by side (the SIMDe ones take minutes), the longest first, and the
+# rest of the library meanwhile
 st "$work/cc_avx512.log" gcc $CFS $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512.c" -o "$work/cpu_avx512.o" > "$work/cc_avx512" &
-st "$work/cc_avx512bf16.log" gcc $CFS $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o" > "$work/cc_avx512bf16"
+st "$work/cc_avx512bf16.log" gcc $CFS $SAN -I"$work/fake" -c "$S/backends/cpu/x86/cpu_avx512bf16.c" -o "$work/cpu_avx512bf16.o" > "$work/cc_avx512bf16" &
+st "$work/cc_avx2.log" gcc $CF $SAN -mavx2 -mfma -mf16c -c "$S/backends/cpu/x86/cpu_avx2.c" -o "$work/cpu_avx2.o" > "$work/cc_avx2" &
+for f in $S/core/*.c $S/cache/*.c $S/batch/*.c $S/backends/reference/*.c "$S/backends/cpu/cpu_pool.c" \
+         "$S/backends/cpu/cpu_plan.c" "$S/backends/cpu/cpu_attn.c" "$S/backends/cpu/cpu_kernels_generic.c" \
+         "$work/cpu_detect_vbmi.c" "$work/cpu_backend_forced.c"; do
+  gcc $CF $SAN -c "$f" -o "$work/$(basename "$f" .c).o"
+done
 wait
 for f in avx2 avx512 avx512bf16; do
   [ "$(cat "$work/cc_$f")" = 0 ] || { cat "$work/cc_$f.log"; echo "FAIL: compiling cpu_$f.c"; exit 1; }
 done
+stamp "the kernel files compiled"
 cat > "$work/main.c" <<'C'
 #include "grid.h"
 #include <stdlib.h>
@@ -201,18 +205,21 @@ for isa in ${ISAS:-avx512 avx512bf16}; do
   st "$work/out_$isa" env PAGEDATTN_CPU_ISA=$isa "$work/grid_avx512" "$@" > "$work/rc_$isa" &
 done
 wait
+stamp "the grid passes"
 for isa in ${ISAS:-avx512 avx512bf16}; do report "isa $isa (SIMDe)" "$work/rc_$isa" "$work/out_$isa" . 100000; done
 # the determinism and fp8/NaN tests walk every ISA themselves (all x86 ones are usable here)
 if [ $# -eq 0 ]; then
   tests="test_cpu_determinism test_cpu_fp8_nan test_cpu_fp8_codes test_large_cache test_cpu_e4m3_nan_pv test_cpu_fp8_lut test_cpu_direct_tail test_cpu_fp8_qk_bf16 test_cpu_neg_inf_logit test_cpu_tiny_terms test_cpu_big_scale test_cpu_softcap_rows"
+  # (built side by side; a failed build fails its run below)
   for t in $tests; do
     gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" "$root/tests/$t.c" \
-        "$work"/[!m]*.o -lm -lpthread -o "$work/$t"
+        "$work"/[!m]*.o -lm -lpthread -o "$work/$t" &
   done
   # random sweeps (tests/test_cpu_sweep.c), a short one per path: long decodes, 512-dim heads,
   # NaN/inf, two threads against one bit for bit, the reference against the oracle
   gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" \
-      "$root/tests/test_cpu_sweep.c" "$root/tests/support/grid.c" "$work"/[!m]*.o -lm -lpthread -o "$work/sweep"
+      "$root/tests/test_cpu_sweep.c" "$root/tests/support/grid.c" "$work"/[!m]*.o -lm -lpthread -o "$work/sweep" &
+  wait
   set -- $tests
   while [ $# -gt 0 ]; do
     st "$work/$1.log" "$work/$1" > "$work/rc_$1" &
@@ -220,11 +227,13 @@ if [ $# -eq 0 ]; then
     shift
     wait
   done
+  stamp "the kernel tests"
   for isa in ${ISAS:-avx512 avx512bf16}; do
     st "$work/sweep_$isa.log" env PAGEDATTN_CPU_ISA=$isa PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" \
         "$work/sweep" > "$work/rc_sweep_$isa" &
   done
   wait
+  stamp "the sweeps"
   for t in $tests; do report "$t (SIMDe)" "$work/rc_$t" "$work/$t.log" "^isa|checks|FAIL"; done
   for isa in ${ISAS:-avx512 avx512bf16}; do
     report "test_cpu_sweep, isa $isa (SIMDe)" "$work/rc_sweep_$isa" "$work/sweep_$isa.log" "sweep from|FAIL|->"
