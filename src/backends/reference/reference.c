@@ -64,17 +64,20 @@ static double logit(const struct pa_layer *L, const kv_source *s, const double *
     return x;
 }
 
+/* Pass 2 reads the logits of the row's first REF_KEPT_LOGITS keys from pass 1 and computes the
+ * others again (the same value: the same function of the same operands). A stack array: forward
+ * allocates nothing (DESIGN.md), and the reference runs on the caller's thread. */
+#define REF_KEPT_LOGITS 2048
+
 /* One query row: token `tok` at position p, head h, over keys [lo, hi) of source s. */
-/* lg: room for hi - lo logits, or NULL: pass 2 then computes each logit again (the same value,
- * the same function of the same operands). */
 static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_t h, int64_t p,
-                       int64_t lo, int64_t hi, double *lg)
+                       int64_t lo, int64_t hi)
 {
     const struct pa_layer *L = f->layer;
     const pa_layer_config *c = &L->cfg;
     const pa_forward_args *a = f->args;
     int32_t D = c->head_size;
-    double q[512], acc[512];
+    double q[512], acc[512], lg[REF_KEPT_LOGITS];
     for (int32_t d = 0; d < D; d++) {
         q[d] = pa__load_f32(c->q_dtype, a->q, tok * a->q_row_stride + (int64_t)h * D + d);
         acc[d] = 0;
@@ -86,7 +89,7 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
     for (int64_t j = lo; j < hi; j++) {
         if (!pa__blocksparse_visible(L, h, p, j)) continue;
         double x = logit(L, s, q, h, p, j);
-        if (lg) lg[j - lo] = x;
+        if (j - lo < REF_KEPT_LOGITS) lg[j - lo] = x;
         poisoned |= isnan(x) || x == INFINITY;
         m = fmax(m, x);
     }
@@ -100,7 +103,7 @@ static void attend_row(const pa__fwd *f, const kv_source *s, int64_t tok, int32_
     double denom = 0;
     for (int64_t j = lo; j < hi && m > -INFINITY; j++) {
         if (!pa__blocksparse_visible(L, h, p, j)) continue;
-        double w = exp((lg ? lg[j - lo] : logit(L, s, q, h, p, j)) - m), v[512];
+        double w = exp((j - lo < REF_KEPT_LOGITS ? lg[j - lo] : logit(L, s, q, h, p, j)) - m), v[512];
         denom += w;
         kv_row(s, true, j, h / L->group, D, v);
         for (int32_t d = 0; d < D; d++) acc[d] += w * v[d];
@@ -155,15 +158,6 @@ void pa__reference_forward(const pa__fwd *f)
     const pa_batch_metadata *m = &f->batch->md;
     const pa_layer_config *c = &f->layer->cfg;
     if (f->write_kv && f->args->cache) write_new_kv(f);
-    /* scratch for one row's logits, so that pass 2 reads them instead of computing each again
-     * (the key rows' conversion and dot products were most of the reference's time); without it
-     * (allocation failed) the rows compute them twice, to the same values */
-    int64_t longest = 0;
-    for (int32_t seq = 0; seq < m->num_seqs; seq++) {
-        int64_t kv_len = pa__kv_len(f->batch, c->attn_type, seq);
-        if (kv_len > longest) longest = kv_len;
-    }
-    double *lg = longest > 0 ? malloc((size_t)longest * sizeof *lg) : NULL;
     for (int32_t seq = 0; seq < m->num_seqs; seq++) {
         kv_source s = source_for(f, seq);
         int64_t kv_len = pa__kv_len(f->batch, c->attn_type, seq);
@@ -172,10 +166,9 @@ void pa__reference_forward(const pa__fwd *f)
             int64_t p = (int64_t)m->context_lens[seq] + t; /* absolute position */
             int64_t lo = 0, hi = kv_len;
             if (c->attn_type != PA_ATTN_ENCODER_DECODER) pa__key_range(f->layer, p, kv_len, &lo, &hi);
-            for (int32_t h = 0; h < c->num_heads; h++) attend_row(f, &s, tok, h, p, lo, hi, lg);
+            for (int32_t h = 0; h < c->num_heads; h++) attend_row(f, &s, tok, h, p, lo, hi);
         }
     }
-    free(lg);
 }
 
 static pa_status reference_forward(void *impl, const pa__fwd *f, void *plan)
