@@ -220,20 +220,20 @@ if [ $# -eq 0 ]; then
   gcc $SAN -std=gnu11 -O2 -w -I"$root/include" -I"$S" -I"$root/tests" -I"$root/tests/support" \
       "$root/tests/test_cpu_sweep.c" "$root/tests/support/grid.c" "$work"/[!m]*.o -lm -lpthread -o "$work/sweep" &
   wait
-  set -- $tests
-  while [ $# -gt 0 ]; do
-    st "$work/$1.log" "$work/$1" > "$work/rc_$1" &
-    if [ $# -gt 1 ]; then st "$work/$2.log" "$work/$2" > "$work/rc_$2" & shift; fi
-    shift
-    wait
-  done
-  stamp "the kernel tests"
-  for isa in ${ISAS:-avx512 avx512bf16}; do
-    st "$work/sweep_$isa.log" env PAGEDATTN_CPU_ISA=$isa PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" \
-        "$work/sweep" > "$work/rc_sweep_$isa" &
-  done
-  wait
-  stamp "the sweeps"
+  # every test and each path's sweep, two jobs at a time from one queue (the sweeps and the
+  # determinism test, the longest, first), each job's output in its log and status in its rc file
+  cat > "$work/job.sh" <<'J'
+w=$1 kind=$2 name=$3
+if [ "$kind" = sweep ]; then
+  if PAGEDATTN_CPU_ISA="$name" "$w/sweep" > "$w/sweep_$name.log" 2>&1; then echo 0; else echo 1; fi > "$w/rc_sweep_$name"
+else
+  if "$w/$name" > "$w/$name.log" 2>&1; then echo 0; else echo 1; fi > "$w/rc_$name"
+fi
+J
+  { for isa in ${ISAS:-avx512 avx512bf16}; do echo "sweep $isa"; done
+    for t in $tests; do echo "test $t"; done; } |
+    PAGEDATTN_SWEEP="${SWEEP_SEED:-0x51ADE} ${SWEEP_COUNT:-30}" xargs -P 2 -L 1 sh "$work/job.sh" "$work"
+  stamp "the kernel tests and the sweeps"
   for t in $tests; do report "$t (SIMDe)" "$work/rc_$t" "$work/$t.log" "^isa|checks|FAIL"; done
   for isa in ${ISAS:-avx512 avx512bf16}; do
     report "test_cpu_sweep, isa $isa (SIMDe)" "$work/rc_sweep_$isa" "$work/sweep_$isa.log" "sweep from|FAIL|->"
