@@ -1844,34 +1844,28 @@ typedef struct ref_memo {
 static ref_memo ref_memos[sizeof cases / sizeof cases[0]];
 static size_t ref_memo_bytes;
 
-/* a 64-bit hash of n bytes at p, continuing from h (8 bytes a step: the caches run to MBs) */
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+#define FNV_BASIS 0xcbf29ce484222325ull
+/* FNV-1a over n bytes at p, continuing from h */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h ^ (uint64_t)n;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
 static uint64_t inputs_hash(const ginputs *in)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = FNV_BASIS;
     const gbuf *bufs[] = {&in->qkv, &in->kbuf, &in->vbuf, &in->pool_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]->base) h = hash_bytes(h, bufs[i]->p, bufs[i]->bytes);
-    h = hash_bytes(h, in->tables, sizeof in->tables);
-    h = hash_bytes(h, in->ntable, sizeof in->ntable);
-    h = hash_bytes(h, in->xtables, sizeof in->xtables);
-    h = hash_bytes(h, in->nxtable, sizeof in->nxtable);
-    h = hash_bytes(h, in->slots, sizeof in->slots);
-    h = hash_bytes(h, in->alibi, sizeof in->alibi);
-    return hash_bytes(h, in->sinks, sizeof in->sinks);
+        if (bufs[i]->base) h = fnv1a(h, bufs[i]->p, bufs[i]->bytes);
+    h = fnv1a(h, in->tables, sizeof in->tables);
+    h = fnv1a(h, in->ntable, sizeof in->ntable);
+    h = fnv1a(h, in->xtables, sizeof in->xtables);
+    h = fnv1a(h, in->nxtable, sizeof in->nxtable);
+    h = fnv1a(h, in->slots, sizeof in->slots);
+    h = fnv1a(h, in->alibi, sizeof in->alibi);
+    return fnv1a(h, in->sinks, sizeof in->sinks);
 }
 
 /* The reference's output and LSE (as doubles, into wo and wl) and the hash of its cache after
@@ -1895,7 +1889,7 @@ static pa_status reference_result(const ginputs *in, double *wo, double *wl, uin
     pa_status rs = make_outputs(in, &ref) ? PA_STATUS_OUT_OF_MEMORY : run_reference(in, &ref);
     if (!rs) {
         as_doubles(in, &ref, wo, wl);
-        *pool_hash = hash_bytes(0, ref.pool.p, ref.pool.bytes);
+        *pool_hash = fnv1a(FNV_BASIS, ref.pool.p, ref.pool.bytes);
         const size_t bytes = (size_t)(nout + nlse) * sizeof(double);
         if (m && !m->out && ref_memo_bytes + bytes <= REF_MEMO_BYTES) {
             m->out = malloc((size_t)nout * sizeof *wo + 1);
@@ -1947,14 +1941,6 @@ static pa_status rerun(const pa_backend *backend, const ginputs *in, goutputs *o
     return s;
 }
 
-/* FNV-1a over n bytes at p, continuing from h */
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* det_threads > 0: the backend runs the case a second time with that many threads, and the two
  * outputs, LSEs and caches must be bitwise identical (DESIGN.md, determinism); then, for a case
  * of several sequences, once more with each sequence in a batch of its own: the same bits again.
@@ -2004,8 +1990,8 @@ static int run_case(const pa_backend *backend, const gcase *c, int num_threads, 
     } else {
         check_gaps(&k, &in, &got);
         compare(&k, &in, &got, wo, wl);
-        res->digest = fnv1a(fnv1a(0xcbf29ce484222325ull, got.out.p, got.out.bytes), got.lse.p, got.lse.bytes);
-        if (!k.fail && hash_bytes(0, got.pool.p, got.pool.bytes) != ref_pool_hash)
+        res->digest = fnv1a(fnv1a(FNV_BASIS, got.out.p, got.out.bytes), got.lse.p, got.lse.bytes);
+        if (!k.fail && fnv1a(FNV_BASIS, got.pool.p, got.pool.bytes) != ref_pool_hash)
             fail(&k, "the cache after forward differs from the reference's");
         /* again with the plan made from another layer of the geometry (plan_sibling) */
         if (!k.fail) {
