@@ -30,24 +30,10 @@ static void kv_row(const kv_source *s, bool value, int64_t j, int32_t kh, int32_
         base = value ? s->v : s->k;
         off = (s->first_row + j) * (value ? s->v_rs : s->k_rs) + (int64_t)kh * head_size;
     }
-    /* what pa__load_f32(s->dtype, base, off + d) * scale gives, the dtype chosen once a row */
-    switch (s->dtype) {
-    case PA_DTYPE_F32:
-        for (int32_t d = 0; d < head_size; d++) row[d] = ((const float *)base)[off + d] * scale;
-        break;
-    case PA_DTYPE_F16:
-        for (int32_t d = 0; d < head_size; d++) row[d] = pa_f16_to_f32(((const uint16_t *)base)[off + d]) * scale;
-        break;
-    case PA_DTYPE_BF16:
-        for (int32_t d = 0; d < head_size; d++) row[d] = pa_bf16_to_f32(((const uint16_t *)base)[off + d]) * scale;
-        break;
-    case PA_DTYPE_FP8_E4M3:
-    case PA_DTYPE_FP8_E5M2:
+    if (pa__dtype_is_fp8(s->dtype)) /* (pa__load_f32's values, by the table of source_for) */
         for (int32_t d = 0; d < head_size; d++) row[d] = s->lut[((const uint8_t *)base)[off + d]] * scale;
-        break;
-    default:
+    else
         for (int32_t d = 0; d < head_size; d++) row[d] = pa__load_f32(s->dtype, base, off + d) * scale;
-    }
 }
 
 /* The logit s_j of the contract, steps 1-3: scale * q.k, soft-cap, ALiBi. */
