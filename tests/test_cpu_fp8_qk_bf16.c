@@ -75,7 +75,7 @@ static void run(const form *f, unsigned char *const *krows, int nc, const uint16
     static char pfbuf[CPU_KT][DMAX];
     const void *pfrows[CPU_KT];
     for (int i = 0; i < CPU_KT; i++) pfrows[i] = pfbuf[i];
-    const pa__cpu_pf list = {pfrows, nc < CPU_KT ? nc : CPU_KT, dp};
+    const pa__cpu_pf list = {pfrows, nc < CPU_KT ? nc : CPU_KT, dp, true};
     for (int i = 0; i < NRMAX * NCMAX; i++) s[i] = -12345.0f; /* poison: every score must be written */
     f->qk((const void *const *)krows, nc, q, nr, dp, scale, s, NCMAX, pf ? &list : NULL);
 }

@@ -55,7 +55,7 @@ int main(void)
                 for (int i = 0; i < CPU_KT * dp; i++) kt[i] = rnd();
                 /* the kernels write columns up to nc rounded up to 16 and nothing past them */
                 for (int i = 0; i < CPU_ROWS * CPU_KT; i++) sa[i] = sb[i] = -7.0f;
-                pa__cpu_pf pf = {pfrows, nc, 256};
+                pa__cpu_pf pf = {pfrows, nc, 256, false};
                 const pa__cpu_pf *pp = (nr + nc) % 2 ? &pf : NULL;
                 ka.qk_t(q, nr, kt, nc, dp, sa, CPU_KT, pp);
                 kb.qk_t(q, nr, kt, nc, dp, sb, CPU_KT, pp);
@@ -110,7 +110,7 @@ int main(void)
                 for (int i = 0; i < (CPU_ROWS + 1) * dp; i++) oa[i] = ob[i] = NAN;
                 memcpy(oa, o0, sizeof(float) * nr * dp);
                 memcpy(ob, o0, sizeof(float) * nr * dp);
-                pa__cpu_pf pf = {pfrows, nc, 256};
+                pa__cpu_pf pf = {pfrows, nc, 256, true};
                 const pa__cpu_pf *pp = (nr + nc) % 2 ? &pf : NULL;
                 ka.pv(p, ldp, nr, v, nc, dp, scaled ? alpha : NULL, masked ? colmask : NULL, oa, pp);
                 kb.pv(p, ldp, nr, v, nc, dp, scaled ? alpha : NULL, masked ? colmask : NULL, ob, pp);

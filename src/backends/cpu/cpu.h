@@ -59,15 +59,31 @@
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 
+/* How many kernel calls ahead a decode prefetches by default (pa__cpu_kernels.decode_pf), and
+ * at most. Overridable for experiments. */
+#ifndef CPU_DECODE_PF
+#  define CPU_DECODE_PF 1
+#endif
+#define CPU_DECODE_PF_MAX 4
+_Static_assert(CPU_DECODE_PF >= 1 && CPU_DECODE_PF <= CPU_DECODE_PF_MAX, "decode prefetch distance");
+
 /* Rows a decode kernel call should prefetch for the next one: n rows of `bytes` each. */
 typedef struct pa__cpu_pf {
     const void *const *rows;
     int n, bytes;
+    bool l2; /* into L2 (PREFETCHT1) instead of at locality CPU_KPFL: pa__cpu_kernels.decode_pf_l2 */
 } pa__cpu_pf;
 
 #ifndef CPU_KPFL
-#  define CPU_KPFL 3 /* locality of the decode kernels' prefetches */
+#  define CPU_KPFL 3 /* locality of the decode kernels' prefetches (where not l2) */
 #endif
+
+/* One decode prefetch of the line at a: PREFETCHT1 where l2, else locality CPU_KPFL. */
+static inline __attribute__((always_inline)) void pf_line(uintptr_t a, bool l2)
+{
+    if (l2) __builtin_prefetch((const void *)a, 0, 2);
+    else __builtin_prefetch((const void *)a, 0, CPU_KPFL);
+}
 
 /* Prefetches rows [i0, i1) of pf (every 64-byte line they touch). The decode kernels call it a
  * few rows at a time from inside their loops, so the next call's rows stream in while this one
@@ -79,7 +95,7 @@ static inline __attribute__((always_inline)) void pf_rows(const pa__cpu_pf *pf, 
     if (i1 > pf->n) i1 = pf->n;
     for (int i = i0; i < i1; i++) {
         uintptr_t a = (uintptr_t)pf->rows[i] & ~(uintptr_t)63, e = (uintptr_t)pf->rows[i] + (uintptr_t)pf->bytes;
-        for (; a < e; a += 64) __builtin_prefetch((const void *)a, 0, CPU_KPFL);
+        for (; a < e; a += 64) pf_line(a, pf->l2);
     }
 }
 
@@ -117,7 +133,7 @@ static inline int pfc_per(const pa__cpu_pf *pf, int steps)
 static inline __attribute__((always_inline)) void pfc_step(pa__cpu_pfc *c, int k)
 {
     for (; k != 0 && c->pf; k--) {
-        __builtin_prefetch((const void *)c->a, 0, CPU_KPFL);
+        pf_line(c->a, c->pf->l2);
         c->a += 64;
         if (c->a >= c->e) {
             if (++c->i >= c->pf->n) {
@@ -141,8 +157,9 @@ static inline __attribute__((always_inline)) void pfc_step(pa__cpu_pfc *c, int k
  * (NULL stays NULL: an empty part). */
 static inline pa__cpu_pf pf_range(const pa__cpu_pf *pf, int u0, int u1, int total)
 {
-    pa__cpu_pf r = {NULL, 0, 0};
+    pa__cpu_pf r = {NULL, 0, 0, false};
     if (pf && total > 0) {
+        r.l2 = pf->l2;
         int a = (int)((int64_t)u0 * pf->n / total), b = (int)((int64_t)u1 * pf->n / total);
         r.rows = pf->rows + a;
         r.n = b - a;
@@ -340,6 +357,11 @@ typedef struct pa__cpu_kernels {
     bool (*pv_bf16)(const float *p, int ldp, int nr, const uint32_t *vt2, int nc, int dp, const float *alpha,
                     float *o, const struct pa__cpu_pf *pf);
     bool pf_spread;
+    /* The decode's prefetches of the rows of its next kernel calls (direct tiles, every ISA):
+     * decode_pf calls ahead (1 to CPU_DECODE_PF_MAX), into L2 (PREFETCHT1) where decode_pf_l2,
+     * else into L1. Chosen by CPU, not by ISA path (cpu_backend.c, decode_prefetch). */
+    int decode_pf;
+    bool decode_pf_l2;
     /* qk_src_pairs (qk_src in a table without it) and pv_src take E4M3 key and value rows as
      * bf16 or f32 words 2^-120 times their value (dtype PA__CPU_E4M3B; for QK the caller passes
      * the query rows 2^120 times, see qk_src_pairs): exact, but E4M3 subnormals become f32

@@ -9,7 +9,8 @@
 #include "cpu.h"
 
 /* Decode (direct) tiles: keys per tile, and how many kernel calls ahead (one KV head's K or V
- * rows of a tile each) their rows are prefetched; 0: none. Overridable for experiments. */
+ * rows of a tile each) their rows are prefetched: pa__cpu_kernels.decode_pf. Overridable for
+ * experiments. */
 #ifndef CPU_DECODE_KT
 #  define CPU_DECODE_KT 32
 #endif
@@ -19,13 +20,9 @@
 #ifndef CPU_DECODE_KT_B64
 #  define CPU_DECODE_KT_B64 64 /* over 2-byte caches whose block size is a multiple of 64 */
 #endif
-#ifndef CPU_DECODE_PF
-#  define CPU_DECODE_PF 1
-#endif
 #ifndef CPU_DECODE_PFL
-#  define CPU_DECODE_PFL 3 /* __builtin_prefetch locality */
+#  define CPU_DECODE_PFL 3 /* __builtin_prefetch locality (where not pa__cpu_kernels.decode_pf_l2) */
 #endif
-_Static_assert(CPU_DECODE_PF >= 0 && CPU_DECODE_PF <= 4, "decode prefetch distance");
 _Static_assert(CPU_DECODE_KT >= 16 && CPU_DECODE_KT <= CPU_KT, "decode tile");
 _Static_assert(CPU_DECODE_KT8 >= 16 && CPU_DECODE_KT8 <= CPU_KT, "decode tile, fp8");
 
@@ -119,29 +116,34 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
  * for bf16, 16 keys, d 128): issued one call ahead, so they arrive while the current call
  * computes. Always inlined: gcc 12 deletes calls to a non-inlined function whose only effect is
  * __builtin_prefetch, i.e. the prefetches silently vanish (they did in the first version). */
-static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes)
+static inline __attribute__((always_inline)) void prefetch_rows(const void *const *rows, int n, int64_t row_bytes,
+                                                                bool l2)
 {
     /* rows of one block are contiguous in HND: one sweep per run of rows (measured 20-30% less
      * CPU time than 4 prefetches per row over the same lines, on a quiet host) */
     for (int i = 0; i < n;) {
         const char *p = rows[i], *q = p + row_bytes;
         for (i++; i < n && (const char *)rows[i] == q; i++) q += row_bytes;
-        for (; p < q; p += 64) __builtin_prefetch(p, 0, CPU_DECODE_PFL);
+        if (l2)
+            for (; p < q; p += 64) __builtin_prefetch(p, 0, 2);
+        else
+            for (; p < q; p += 64) __builtin_prefetch(p, 0, CPU_DECODE_PFL);
     }
 }
 
 /* The rows of kernel call i of a decode tile in consumption order: K of its visible KV heads
  * vh[0..nv-1], V of the same heads, then K of the next tile's first visible heads (nkr[j]: nnc
  * keys; none when there is none). A head that no row sees is not read, so not prefetched either. */
-static pa__cpu_pf decode_rows(const void *kr[][CPU_KT], const void *vr[][CPU_KT], const void *nkr[][CPU_KT],
-                              const unsigned char *vh, int nv, int nnv, int i, int nc, int nnc, int64_t row_bytes)
+static pa__cpu_pf decode_rows(const pa__cpu_kernels *K, const void *kr[][CPU_KT], const void *vr[][CPU_KT],
+                              const void *nkr[][CPU_KT], const unsigned char *vh, int nv, int nnv, int i, int nc,
+                              int nnc, int64_t row_bytes)
 {
-    pa__cpu_pf pf = {NULL, 0, (int)row_bytes};
+    pa__cpu_pf pf = {NULL, 0, (int)row_bytes, K->decode_pf_l2};
     if (i < nv) pf.rows = kr[vh[i]], pf.n = nc;
     else if (i < 2 * nv) pf.rows = vr[vh[i - nv]], pf.n = nc;
     else {
         int j = i - 2 * nv; /* >= 0 here; said again so that gcc's -Warray-bounds sees it */
-        if (j >= 0 && j < nnv && j < CPU_DECODE_PF && nnc) pf.rows = nkr[j], pf.n = nnc;
+        if (j >= 0 && j < nnv && j < K->decode_pf && nnc) pf.rows = nkr[j], pf.n = nnc;
     }
     return pf;
 }
@@ -153,10 +155,10 @@ decode_prefetch(const pa__cpu_kernels *K, pa__cpu_pf *pf, const void *kr[][CPU_K
                 const void *nkr[][CPU_KT], const unsigned char *vh, int nv, int nnv, int i, int nc, int nnc,
                 int64_t row_bytes)
 {
-    *pf = decode_rows(kr, vr, nkr, vh, nv, nnv, i, nc, nnc, row_bytes);
+    *pf = decode_rows(K, kr, vr, nkr, vh, nv, nnv, i, nc, nnc, row_bytes);
     if (!pf->n) return NULL;
     if (K->pf_spread) return pf;
-    prefetch_rows(pf->rows, pf->n, row_bytes);
+    prefetch_rows(pf->rows, pf->n, row_bytes, pf->l2);
     return NULL;
 }
 
@@ -548,7 +550,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * block 64 the next call the next head's; one thread, 16 x 4096 bf16 at block 64: 72% of
          * the read probe against 59-60% with 32-key tiles; NHD 52% against 55%: not there;
          * bench/NOTES.md, thirty-fifth pass) */
-        const int dpf = CPU_DECODE_PF;
+        const int dpf = K->decode_pf;
         /* (a block's rows of one KV head end to end, as in HND, in blocks of 64 keys or more) */
         const pa_cache *kc = ks[0].cache;
         const bool b64 = kc && kc->token_stride == d && kc->block_size % 64 == 0;
@@ -601,7 +603,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 for (size_t i = 0; i < (size_t)nr * dp; i++) sc->q[i] *= PA__CPU_E4M3_UP;
         }
         const void *kr[CPU_KROWS / 16][CPU_KT], *vr[CPU_KROWS / 16][CPU_KT];
-        const void *nkr[CPU_DECODE_PF + 1][CPU_KT], *nvr[CPU_KT];
+        const void *nkr[CPU_DECODE_PF_MAX + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0, nnv = 0;
         bool first = true, anybad = false;
         int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
@@ -630,7 +632,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
              * The copies of the tile had waited on memory: ~12% of a 2048-token f32 prefill in
              * load_rows and load_rows_t, ~5% after; all at once before the call, the prefetches
              * had stalled as long as the loads they replaced. */
-            pa__cpu_pf pfkr = {nkr[0], 0, (int)row_bytes};
+            pa__cpu_pf pfkr = {nkr[0], 0, (int)row_bytes, false};
             if (direct) {
                 /* the item's KV heads differ only by their head offset: the first head's walk
                  * through the block table, moved (a division and a walk per head took ~5% of the
@@ -661,8 +663,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 if (!nnv) nnc = 0;
                 /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
                 for (int k = 0; k < dpf && first; k++) {
-                    pa__cpu_pf r = decode_rows(kr, vr, nkr, vh, nv, nnv, k, nc, nnc, row_bytes);
-                    prefetch_rows(r.rows, r.n, row_bytes);
+                    pa__cpu_pf r = decode_rows(K, kr, vr, nkr, vh, nv, nnv, k, nc, nnc, row_bytes);
+                    prefetch_rows(r.rows, r.n, row_bytes, r.l2);
                 }
                 first = nnc == 0;
             }
@@ -706,7 +708,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                     }
                 } else if (transposed) {
                     key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
-                    pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes};
+                    pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes, false};
                     if (q16 && K->qk_t_bf16 && d % 2 == 0) {
                         /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
                         K->load_rows_t(PA_DTYPE_F32, kr[k], nc, d / 2, dp / 2, kk);
@@ -721,7 +723,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                      * the next tile's K rows during the PV; a decode of head size 120 waited on
                      * its reads here without them: an audit, forty-third pass) */
                     key_rows(&ks[k], true, a, nc, vr[k]);
-                    prefetch_rows(vr[k], nc, row_bytes);
+                    prefetch_rows(vr[k], nc, row_bytes, K->decode_pf_l2);
                     key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);

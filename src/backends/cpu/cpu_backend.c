@@ -63,6 +63,22 @@ bool pa__cpu_avx512_rows12(const pa__cpu_features *f)
     return f->amd && f->family == 0x19;
 }
 
+/* Where a decode prefetches the rows of its next kernel calls (pa__cpu_kernels.decode_pf and
+ * decode_pf_l2), by CPU whatever the ISA path. On the one Zen 4 measured (an EPYC, 2 vCPUs;
+ * bench/NOTES.md, forty-eighth pass) prefetches into L1 (PREFETCHT0) of the next call's rows,
+ * each a 4 KiB run at block 16, left a one-thread decode 16 x 4096 bf16 at ~30% of the read
+ * bandwidth; PREFETCHT1 two calls ahead took it from 34 to 18-19 ms (1 x 32768: 14.9 -> 7.8 ms),
+ * results unchanged. Reading 4 KiB chunks in a shuffled order, that core reached 7-9 GB/s with
+ * PREFETCHT0 and 13-15 with PREFETCHT1 (sequential 30). Elsewhere the L1 prefetch one call
+ * ahead was the faster or the only one measured (a Zen 5: PREFETCHT1 8% slower, thirty-fourth
+ * pass). */
+static void decode_prefetch(const pa__cpu_features *f, pa__cpu_kernels *k)
+{
+    const bool zen4 = f->amd && f->family == 0x19 && f->avx512f;
+    k->decode_pf = zen4 ? 2 : CPU_DECODE_PF;
+    k->decode_pf_l2 = zen4;
+}
+
 /* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
  * silent fallback), else pa__cpu_default_isa. */
 static pa_status choose_isa(pa__cpu_isa *out)
@@ -135,6 +151,9 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 #endif
     k->e4m3_bf16 = k->e4m3_bf16 && form == FP8_BF16;
     if (k->p_exp && k->e4m3_bf16) unscaled_weights(k); /* (cpu.h, p_exp) */
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
+    decode_prefetch(&f, k);
 }
 
 /* (per thread: the text depends on PAGEDATTN_CPU_ISA at the time of the call, so it is rebuilt
@@ -178,6 +197,7 @@ static const char *cpu_info(void)
              "fp8 decode QK with bf16 queries: %s\n"
              "bf16 caches: %s\n"
              "softmax weights: %s\n"
+             "decode prefetch: %s, %d kernel call(s) ahead%s\n"
              "threads: %d by default (online cores, within the affinity mask and the cgroup CPU quota)\n",
              env && *env ? env : pa__cpu_isa_name(best),
              !(env && *env) ? (best != widest_isa(&f) ? "the default here: avx512bf16 runs too, but is the default on "
@@ -190,16 +210,16 @@ static const char *cpu_info(void)
              f.avx512vbmi, f.os_zmm, f.neon,
 #ifdef PAGEDATTN_HAVE_AVX512
              pa__cpu_isa_usable(PA__ISA_AVX512, &f)
-                 ? (pa__cpu_avx512_rows12(&f) ? "built, runs here (its tests passed natively on an Intel Xeon and a Zen 5 "
-                                                "EPYC and under SIMDe); prefill blocks 12 rows x 16 (Zen 4)"
-                                              : "built, runs here (its tests passed natively on an Intel Xeon and a Zen 5 "
-                                                "EPYC and under SIMDe); prefill blocks 8 rows x 32")
+                 ? (pa__cpu_avx512_rows12(&f) ? "built, runs here (its tests passed natively on an Intel Xeon, a Zen 4 "
+                                                "and a Zen 5 EPYC and under SIMDe); prefill blocks 12 rows x 16 (Zen 4)"
+                                              : "built, runs here (its tests passed natively on an Intel Xeon, a Zen 4 "
+                                                "and a Zen 5 EPYC and under SIMDe); prefill blocks 8 rows x 32")
                  : "built, cannot run on this CPU",
              pa__cpu_isa_usable(PA__ISA_AVX512BF16, &f)
-                 ? (f.avx512vbmi ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
-                                   "EPYC and under SIMDe); fp8 keys to bf16 by byte tables (AVX512-VBMI)"
-                                 : "built, runs here (its QK and PV passed the tests natively on an Intel Xeon and a Zen 5 "
-                                   "EPYC and under SIMDe); E4M3 keys to bf16 through f16 at GQA 7-8 (no AVX512-VBMI)")
+                 ? (f.avx512vbmi ? "built, runs here (its QK and PV passed the tests natively on an Intel Xeon, a Zen 4 "
+                                   "and a Zen 5 EPYC and under SIMDe); fp8 keys to bf16 by byte tables (AVX512-VBMI)"
+                                 : "built, runs here (its QK and PV passed the tests natively on an Intel Xeon, a Zen 4 "
+                                   "and a Zen 5 EPYC and under SIMDe); E4M3 keys to bf16 through f16 at GQA 7-8 (no AVX512-VBMI)")
                  : "built, cannot run on this CPU",
 #elif defined(PAGEDATTN_NO_AVX512)
              "not built (configured with PAGEDATTN_CPU_AVX512=OFF)",
@@ -225,6 +245,8 @@ static const char *cpu_info(void)
              kt.p_exp ? "2^64 exp(s - m), never an fp32 subnormal (keys up to 131 below their row's maximum at full "
                         "speed on Intel cores); a work item whose scaled sums overflow runs again unscaled"
                       : "exp(s - m) (keys 87 to 104 below their row's maximum weigh fp32 subnormals)",
+             kt.decode_pf_l2 ? "into L2 (PREFETCHT1)" : "into L1 (PREFETCHT0)", kt.decode_pf,
+             kt.decode_pf_l2 ? " (Zen 4: its L1 prefetches of a paged cache's scattered rows ran at half the speed)" : "",
              pa__cpu_online_cores());
     return buf;
 }

@@ -92,6 +92,7 @@ void pa__cpu_kernels_init_generic(pa__cpu_kernels *k)
     /* every optional entry NULL (and any added later: a table may live on the stack) */
     memset(k, 0, sizeof *k);
     k->name = "generic";
+    k->decode_pf = CPU_DECODE_PF;
     k->load_rows = g_load_rows;
     k->qk = g_qk;
     k->row_max = g_row_max;
