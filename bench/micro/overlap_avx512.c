@@ -10,11 +10,12 @@
  * shuffled order. Per tile of two blocks and per KV head, one "call" reads the head's two K pages,
  * the next its two V pages (256 calls per sequence, as the backend's 2-byte decode tiles of 32
  * keys). Every 64-byte line loaded feeds NF FMAs into 16 accumulators held in registers (nothing
- * else: no stores, no other loads); each call prefetches (PREFETCHT0) the lines of the call D0
+ * else: no stores, no other loads); each call prefetches (PREFETCHT0, or PFH) the lines of the call D0
  * ahead, two per two lines it loads. Options:
  *   -DNF=n     FMAs per line (0: one add per line; default 24, ~6 ms of arithmetic on a Zen 5)
  *   -DHOT=n    every block index taken modulo n (n = 2: the KV stays in L2: the arithmetic alone)
  *   -DD0=n     prefetch distance in calls (default 1, 0: none)
+ *   -DPFH=h    the prefetches' hint (default _MM_HINT_T0; _MM_HINT_T1: into L2)
  *   -DCOLV     V calls walk their rows in two passes of 128 bytes per 256-byte row (the bf16 PV
  *              kernels' 64-dim chunks) instead of front to back
  *   -DINORDER  the blocks in pool order (consecutive blocks adjacent in memory), not shuffled
@@ -51,6 +52,9 @@
 #endif
 #ifndef D0
 #  define D0 1
+#endif
+#ifndef PFH
+#  define PFH _MM_HINT_T0 /* -DPFH=_MM_HINT_T1: into L2 (the cpu backend's choice on Zen 4) */
 #endif
 #ifdef COLV
 #  define FLAT 1
@@ -129,8 +133,8 @@ int main(void)
             const call_pages *cur = &calls[c], *next = &calls[c + D0];
 #ifdef EARLY
             for (int e = 2; e <= 1 + EARLY; e++) {
-                _mm_prefetch(calls[c + e].page[0], _MM_HINT_T0);
-                _mm_prefetch(calls[c + e].page[1], _MM_HINT_T0);
+                _mm_prefetch(calls[c + e].page[0], PFH);
+                _mm_prefetch(calls[c + e].page[1], PFH);
             }
 #endif
             const int head = c / 2 % HEADS;
@@ -140,8 +144,8 @@ int main(void)
                 for (int pg = 0; pg < 2; pg++)
                     for (int l = 0; l < 64; l += 2) {
                         if (D0) {
-                            _mm_prefetch(next->page[pg] + l * 64, _MM_HINT_T0);
-                            _mm_prefetch(next->page[pg] + l * 64 + 64, _MM_HINT_T0);
+                            _mm_prefetch(next->page[pg] + l * 64, PFH);
+                            _mm_prefetch(next->page[pg] + l * 64 + 64, PFH);
                         }
                         LINE_WORK(cur->page[pg], l);
                     }
@@ -152,8 +156,8 @@ int main(void)
                      * of page s / 16 % 2 */
                     const int pg = walk ? s >> 4 & 1 : s >> 5, l = walk ? 4 * (s & 15) + 2 * (s >> 5) : 2 * (s & 31);
                     if (D0) {
-                        _mm_prefetch(next->page[s >> 5] + 2 * (s & 31) * 64, _MM_HINT_T0);
-                        _mm_prefetch(next->page[s >> 5] + 2 * (s & 31) * 64 + 64, _MM_HINT_T0);
+                        _mm_prefetch(next->page[s >> 5] + 2 * (s & 31) * 64, PFH);
+                        _mm_prefetch(next->page[s >> 5] + 2 * (s & 31) * 64 + 64, PFH);
                     }
                     LINE_WORK(cur->page[pg], l);
                 }

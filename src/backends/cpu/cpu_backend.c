@@ -54,10 +54,11 @@ pa__cpu_isa pa__cpu_default_isa(const pa__cpu_features *f)
 
 /* The 12 x 16 blocking of the AVX-512 prefill kernels was chosen for Zen 4 on llvm-mca's model,
  * in which a zmm broadcast occupies an FP pipe beside the FMAs unless it is folded into one FMA
- * (bench/NOTES.md, eighth pass); unmeasured there. Everywhere it was measured, 8 x 32 (fewer
- * loads per FMA) was the faster: an Intel Xeon (twenty-sixth pass) and a Zen 5 EPYC, whose
- * 512-bit pipes are full width (f32 prefill 2048, one thread: 212 -> 190 ms; twenty-eighth
- * pass). */
+ * (bench/NOTES.md, eighth pass), and measured there in the forty-eighth: f32 prefill 2048, one
+ * thread, 413-429 ms against 442-451 with 8 x 32 (bf16: 230-239 against 228-229, the avx512bf16
+ * kernels' own blocks). Elsewhere 8 x 32 (fewer loads per FMA) was the faster: an Intel Xeon
+ * (twenty-sixth pass) and a Zen 5 EPYC, whose 512-bit pipes are full width (f32 prefill 2048,
+ * one thread: 212 -> 190 ms; twenty-eighth pass). */
 bool pa__cpu_avx512_rows12(const pa__cpu_features *f)
 {
     return f->amd && f->family == 0x19;
