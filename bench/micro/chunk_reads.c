@@ -8,7 +8,8 @@
  * fixed shuffled order (as a paged cache's blocks lie), for chunks of 4 to 64 KiB (HND, bf16, d
  * 128, block 16: one KV head's rows of a block are 4 KiB, all 8 heads' 32 KiB), and the same pool
  * front to back for comparison. Prefetch: none; every line of the next chunk, one per line
- * loaded, as PREFETCHT0 or PREFETCHNTA. Prints GB/s, best of 3 passes.
+ * loaded, as PREFETCHT0, PREFETCHT1 (into L2: on a Zen 4 ~1.7x T0's speed, bench/NOTES.md,
+ * forty-eighth pass) or PREFETCHNTA. Prints GB/s, best of 3 passes.
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -28,7 +29,7 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-enum { PF_NONE, PF_T0, PF_NTA };
+enum { PF_NONE, PF_T0, PF_T1, PF_NTA };
 
 /* one pass over the pool in chunks of cs bytes in the order ord (NULL: front to back) */
 static double pass(const char *pool, size_t cs, const uint32_t *ord, int pf)
@@ -41,6 +42,7 @@ static double pass(const char *pool, size_t cs, const uint32_t *ord, int pf)
         const char *q = c + 1 < n ? pool + (ord ? ord[c + 1] : c + 1) * cs : p;
         for (size_t l = 0; l < lines; l++) {
             if (pf == PF_T0) _mm_prefetch(q + 64 * l, _MM_HINT_T0);
+            else if (pf == PF_T1) _mm_prefetch(q + 64 * l, _MM_HINT_T1);
             else if (pf == PF_NTA) _mm_prefetch(q + 64 * l, _MM_HINT_NTA);
             acc = _mm512_add_epi32(acc, _mm512_load_si512(p + 64 * l));
         }
@@ -64,7 +66,8 @@ int main(void)
         if (g > best) best = g;
     }
     printf("front to back, no prefetch: %.1f GB/s\n", best);
-    static const char *const name[] = {"no prefetch", "PREFETCHT0 next chunk", "PREFETCHNTA next chunk"};
+    static const char *const name[] = {"no prefetch", "PREFETCHT0 next chunk", "PREFETCHT1 next chunk",
+                                       "PREFETCHNTA next chunk"};
     for (size_t cs = 4096; cs <= 65536; cs *= 2) {
         const size_t n = POOL / cs;
         for (size_t i = 0; i < n; i++) ord[i] = (uint32_t)i;
