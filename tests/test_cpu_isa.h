@@ -33,15 +33,15 @@ static inline int test_cpu_isa_set(const pa_backend *cpu, const char *isa)
 /* The fp8 decode conversions (PAGEDATTN_CPU_FP8, read when a context is created): the backend
  * picks one by CPU vendor; tests of fp8 run each on every ISA path (the paths without bf16-word
  * kernels, or without AVX512-VBMI tables, run f16 forms instead). */
-static const char *const test_cpu_fp8_forms[] = {"f16", "bf16", "lut"};
-#define TEST_CPU_NFP8 3
+static const char *const test_cpu_fp8_forms[] = {"f16", "bf16", "lut", "mixed"};
+#define TEST_CPU_NFP8 4
 
 /* Whether forcing fp8 form `form` on ISA path `isa` runs kernels of its own: the byte tables
- * exist on the AVX-512 paths only (elsewhere `lut` runs the f16 forms again; the slow tests skip
- * that repeat). */
+ * exist on the AVX-512 paths only (elsewhere `lut` runs the f16 forms again and `mixed` the bf16
+ * words; the slow tests skip that repeat). */
 static inline int test_cpu_fp8_form_distinct(const char *isa, const char *form)
 {
-    return strcmp(form, "lut") != 0 || strncmp(isa, "avx512", 6) == 0;
+    return (strcmp(form, "lut") != 0 && strcmp(form, "mixed") != 0) || strncmp(isa, "avx512", 6) == 0;
 }
 
 /* out and lse (f32, poisoned first: nout and nlse elements) of one forward of one sequence

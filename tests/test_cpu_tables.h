@@ -8,7 +8,7 @@
 
 extern void pa__cpu_kernels_init_generic(pa__cpu_kernels *k) __attribute__((weak));
 extern void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k) __attribute__((weak));
-extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut) __attribute__((weak));
+extern void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, int lut) __attribute__((weak));
 extern void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi) __attribute__((weak));
 extern void pa__cpu_kernels_init_neon(pa__cpu_kernels *k) __attribute__((weak));
 extern void pa__cpu_detect(pa__cpu_features *f) __attribute__((weak));

@@ -371,6 +371,10 @@ typedef struct pa__cpu_kernels {
     /* qk_src and pv_src take E4M3 and E5M2 rows by AVX512-VBMI byte tables (PA__CPU_E4M3L,
      * PA__CPU_E5M2L; pa__cpu_kernels_init_avx512's lut). */
     bool fp8_lut;
+    /* pv_src and pv_src_tail take E4M3 and E5M2 value rows by the byte tables while qk_src keeps
+     * the keys as e4m3_bf16 words (PAGEDATTN_CPU_FP8=mixed; pa__cpu_kernels_init_avx512's lut): the
+     * driver passes V rows as their fp8 dtype, not PA__CPU_E4M3B. */
+    bool pv_fp8_lut;
     /* dst[0..d) = round(src[i] * mul) to dtype (f32, f16, bf16). */
     void (*store_row)(pa_dtype dtype, const float *src, int d, float mul, void *dst);
     /* The weights that exp_row and softmax_rows give are 2^p_exp exp(s - m) (0: exp(s - m)), so
@@ -525,8 +529,10 @@ void pa__cpu_pv_masked(const float *p, int ldp, int nr, const float *v, int nc, 
 void pa__cpu_kernels_init_avx2(pa__cpu_kernels *k);
 #  ifdef PAGEDATTN_HAVE_AVX512
 /* rows12: pa__cpu_avx512_rows12; lut: the decode QK and PV over fp8 rows by AVX512-VBMI byte
- * tables (the CPU must have VBMI) */
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut);
+ * tables (PA__CPU_LUT_ALL, or true), the PV only (PA__CPU_LUT_PV: pv_fp8_lut), or neither (0,
+ * false); the CPU must have VBMI for either */
+enum { PA__CPU_LUT_ALL = 1, PA__CPU_LUT_PV = 2 };
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, int lut);
 void pa__cpu_kernels_init_avx512bf16(pa__cpu_kernels *k, bool vbmi); /* vbmi: the CPU has AVX512-VBMI */
 #  endif
 #endif

@@ -559,7 +559,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
          * converts by one shift and one AND (qk_src_pairs). E4M3 keys on e4m3_bf16 tables: as
          * bf16 (or f32) words 2^-120 times their value (PA__CPU_E4M3B), with the query rows
          * 2^120 times theirs where that is exact (else the f16 forms); pair-split too where the
-         * table has qk_src_pairs. Their V rows go as PA__CPU_E4M3B whatever the queries. */
+         * table has qk_src_pairs. Their V rows go as PA__CPU_E4M3B whatever the queries (as
+         * E4M3, to the byte tables, where the table has pv_fp8_lut). */
         const bool e4b = ks[0].dtype == PA_DTYPE_FP8_E4M3 && K->e4m3_bf16;
         /* bf16 V: PV by bf16 dot products where the table has them (AVX512-BF16), for any
          * query dtype; their kernels decline rows they cannot take exactly (cpu.h). The
@@ -813,7 +814,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                         const pa__cpu_pf *pfc = pf;
                         pf = NULL;
                         /* (bf16 dot products where the table has them and the rows suit them) */
-                        const pa_dtype vt = e4b ? PA__CPU_E4M3B : ks[k].dtype;
+                        const pa_dtype vt = e4b && !K->pv_fp8_lut ? PA__CPU_E4M3B : ks[k].dtype;
                         if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
                         if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
                         else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);

@@ -73,11 +73,15 @@ bool pa__cpu_avx512_rows12(const pa__cpu_features *f)
  * PREFETCHT0 and 13-15 with PREFETCHT1 (sequential 30). Elsewhere the L1 prefetch one call
  * ahead was the faster or the only one measured (a Zen 5: PREFETCHT1 8% slower, thirty-fourth
  * pass). */
+static bool zen4(const pa__cpu_features *f)
+{
+    return f->amd && f->family == 0x19 && f->avx512f; /* (Zen 3, the same family, has no AVX-512) */
+}
+
 static void decode_prefetch(const pa__cpu_features *f, pa__cpu_kernels *k)
 {
-    const bool zen4 = f->amd && f->family == 0x19 && f->avx512f;
-    k->decode_pf = zen4 ? 2 : CPU_DECODE_PF;
-    k->decode_pf_l2 = zen4;
+    k->decode_pf = zen4(f) ? 2 : CPU_DECODE_PF;
+    k->decode_pf_l2 = zen4(f);
 }
 
 /* The ISA for a new context: PAGEDATTN_CPU_ISA if set (an unusable choice is an error, never a
@@ -106,22 +110,31 @@ static pa_status choose_isa(pa__cpu_isa *out)
 /* How the x86 decode kernels take fp8 rows: PAGEDATTN_CPU_FP8 = bf16 (E4M3 as bf16 or f32 words
  * 2^-120 times the value, pa__cpu_kernels.e4m3_bf16), f16 (E4M3 through f16 forms, E5M2 through
  * f16), lut (both formats by AVX512-VBMI byte tables in the AVX-512 kernels,
- * pa__cpu_kernels_init_avx512's lut; the f16 forms where the path or the CPU lacks them); unset or
- * auto: bf16 on AMD (its FP units take the words' subnormal operands at full speed), lut
- * elsewhere. All are exact; they differ in speed (and in the order of a sum, so in the last
- * bits). */
-typedef enum { FP8_F16, FP8_BF16, FP8_LUT } fp8_form;
+ * pa__cpu_kernels_init_avx512's lut; the f16 forms where the path or the CPU lacks them), mixed
+ * (keys as bf16's, values as lut's: pa__cpu_kernels.pv_fp8_lut; bf16 where the path or the CPU
+ * lacks the tables); unset or auto: on AMD bf16 (its FP units take the words' subnormal operands
+ * at full speed), on Zen 4 mixed, elsewhere lut. All are exact; they differ in speed (and in the
+ * order of a sum, so in the last bits). On the one Zen 4 measured (bench/NOTES.md, forty-eighth
+ * pass; one process alternating builds, medians), E4M3 decode 16 x 4096 with bf16 queries (whose
+ * QK is the same in all three: bf16 dot products over keys converted by the tables) took 18.9 ms
+ * with the words' PV and 16.8 with the tables' (two threads 9.3 -> 8.2, 1 x 32768 9.1 -> 7.9),
+ * while with f32 queries lut's QK made the step 14% slower than bf16's: mixed takes the faster
+ * half of each. */
+typedef enum { FP8_F16, FP8_BF16, FP8_LUT, FP8_MIXED } fp8_form;
 
 static pa_status choose_fp8(fp8_form *form)
 {
     pa__cpu_features f;
     pa__cpu_detect(&f);
     const char *env = getenv("PAGEDATTN_CPU_FP8");
-    if (!env || !*env || !strcmp(env, "auto")) *form = f.amd ? FP8_BF16 : FP8_LUT;
+    if (!env || !*env || !strcmp(env, "auto")) *form = zen4(&f) ? FP8_MIXED : f.amd ? FP8_BF16 : FP8_LUT;
     else if (!strcmp(env, "bf16")) *form = FP8_BF16;
     else if (!strcmp(env, "f16")) *form = FP8_F16;
     else if (!strcmp(env, "lut")) *form = FP8_LUT;
-    else return pa__fail(PA_STATUS_INVALID_ARGUMENT, "PAGEDATTN_CPU_FP8=%s: expected bf16, f16, lut or auto", env);
+    else if (!strcmp(env, "mixed")) *form = FP8_MIXED;
+    else
+        return pa__fail(PA_STATUS_INVALID_ARGUMENT, "PAGEDATTN_CPU_FP8=%s: expected bf16, f16, lut, mixed or auto",
+                        env);
     return PA_STATUS_OK;
 }
 
@@ -142,7 +155,11 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
     if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
         pa__cpu_features f;
         pa__cpu_detect(&f);
-        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f), form == FP8_LUT && f.avx512vbmi);
+        pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f),
+                                    !f.avx512vbmi          ? 0
+                                    : form == FP8_LUT   ? PA__CPU_LUT_ALL
+                                    : form == FP8_MIXED ? PA__CPU_LUT_PV
+                                                        : 0);
         if (isa == PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx512bf16(k, f.avx512vbmi);
     }
 #  endif
@@ -150,7 +167,7 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 #ifdef PA__CPU_ARM64
     if (isa == PA__ISA_NEON) pa__cpu_kernels_init_neon(k);
 #endif
-    k->e4m3_bf16 = k->e4m3_bf16 && form == FP8_BF16;
+    k->e4m3_bf16 = k->e4m3_bf16 && (form == FP8_BF16 || form == FP8_MIXED);
     if (k->p_exp && k->e4m3_bf16) unscaled_weights(k); /* (cpu.h, p_exp) */
     pa__cpu_features f;
     pa__cpu_detect(&f);
@@ -173,7 +190,13 @@ static const char *cpu_info(void)
     pa__cpu_kernels kt;
     fill_kernels(st == PA_STATUS_OK ? chosen : best, form, &kt);
     const bool forced8 = env8 && *env8 && strcmp(env8, "auto");
-    const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16, lut or auto: contexts fail"
+    const char *fp8 = st8 != PA_STATUS_OK ? "PAGEDATTN_CPU_FP8 is not bf16, f16, lut, mixed or auto: contexts fail"
+                      : kt.pv_fp8_lut ? (forced8 ? "E4M3 keys as words 2^-120 times the value (E5M2 through f16), fp8 "
+                                                   "values exactly to f32 by byte tables (AVX512-VBMI) (forced by "
+                                                   "PAGEDATTN_CPU_FP8)"
+                                                 : "E4M3 keys as words 2^-120 times the value (E5M2 through f16), fp8 "
+                                                   "values exactly to f32 by byte tables (AVX512-VBMI) (Zen 4: the "
+                                                   "faster of each)")
                       : kt.fp8_lut ? (forced8 ? "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI) (forced by "
                                          "PAGEDATTN_CPU_FP8)"
                                        : "E4M3 and E5M2 exactly to f32 by byte tables (AVX512-VBMI), no subnormal "
@@ -183,7 +206,7 @@ static const char *cpu_info(void)
                                                     : "words 2^-120 times the value: bf16 (AVX2; AVX-512 QK) or f32 "
                                                       "(AVX-512 PV and QK over unsplit queries) (AMD: subnormal FMA "
                                                       "operands at full speed)")
-                      : form == FP8_BF16 ? "f16 forms (this ISA path has no bf16-word kernels)"
+                      : form == FP8_BF16 || form == FP8_MIXED ? "f16 forms (this ISA path has no bf16-word kernels)"
                       : form == FP8_LUT  ? "f16 forms (byte tables need the AVX-512 path and AVX512-VBMI)"
                       : forced8          ? "f16 forms (forced by PAGEDATTN_CPU_FP8)"
                                          : "f16 forms";

@@ -1241,7 +1241,7 @@ static void a5_pv_src_lt(pa_dtype dtype, const void *const *vrows, int nc, const
     else a5_pv_src(dtype, vrows, nc, p, ldp, nr, dp, alpha, colmask, o, pf);
 }
 
-void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
+void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, int lut)
 {
     k->name = "avx512";
     /* 9-16 query rows per KV head straight from f16 and fp8 caches: 16 x 4096, one thread, a
@@ -1267,11 +1267,14 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, bool lut)
     k->qk_src_tail = a5_qk_src_tail;
     k->pv_src_tail = a5_pv_src_tail;
     k->tail_align = 1;
-    k->e4m3_bf16 = !lut; /* (lut: the driver passes the fp8 dtypes as they are) */
-    if (lut) {
+    k->e4m3_bf16 = lut != PA__CPU_LUT_ALL; /* (lut: the driver passes the fp8 dtypes as they are) */
+    if (lut == PA__CPU_LUT_ALL) {
         k->qk_src = a5_qk_src_lut, k->pv_src = a5_pv_src_lt, k->fp8_lut = true;
         k->qk_src_tail = a5_qk_src_tail_lut, k->pv_src_tail = a5_pv_src_tail_lut;
+    } else if (lut == PA__CPU_LUT_PV) {
+        k->pv_src = a5_pv_src_lt, k->pv_src_tail = a5_pv_src_tail_lut, k->pv_fp8_lut = true;
     }
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
+
