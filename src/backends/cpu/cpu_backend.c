@@ -148,13 +148,13 @@ static void unscaled_weights(pa__cpu_kernels *k)
 
 static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 {
+    pa__cpu_features f;
+    pa__cpu_detect(&f);
     pa__cpu_kernels_init_generic(k);
 #ifdef PA__CPU_X86
     if (isa >= PA__ISA_AVX2 && isa <= PA__ISA_AVX512BF16) pa__cpu_kernels_init_avx2(k);
 #  ifdef PAGEDATTN_HAVE_AVX512
     if (isa >= PA__ISA_AVX512 && isa <= PA__ISA_AVX512BF16) {
-        pa__cpu_features f;
-        pa__cpu_detect(&f);
         pa__cpu_kernels_init_avx512(k, pa__cpu_avx512_rows12(&f),
                                     !f.avx512vbmi          ? 0
                                     : form == FP8_LUT   ? PA__CPU_LUT_ALL
@@ -169,8 +169,6 @@ static void fill_kernels(pa__cpu_isa isa, fp8_form form, pa__cpu_kernels *k)
 #endif
     k->e4m3_bf16 = k->e4m3_bf16 && (form == FP8_BF16 || form == FP8_MIXED);
     if (k->p_exp && k->e4m3_bf16) unscaled_weights(k); /* (cpu.h, p_exp) */
-    pa__cpu_features f;
-    pa__cpu_detect(&f);
     decode_prefetch(&f, k);
 }
 

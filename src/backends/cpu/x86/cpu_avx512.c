@@ -1277,4 +1277,3 @@ void pa__cpu_kernels_init_avx512(pa__cpu_kernels *k, bool rows12, int lut)
     /* kept from the AVX2 table: qk (dense rows, unused while qk_t and qk_src cover every tile
      * shape the driver makes), load_rows_t (same tile layout), row_max, store_row */
 }
-
