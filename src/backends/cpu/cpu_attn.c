@@ -380,10 +380,14 @@ static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cp
             for (int c = 0; c < nc; c++) s[c] = cap * tanhf(s[c] * inv);
         }
         if (L->alibi) {
+            /* (a visible logit the penalty takes to -inf, from -FLT_MAX above or by overflow,
+             * goes back to the lowest finite float: an ALiBi slope of 1e30 dropped a visible
+             * -inf logit's NaN V; an audit, forty-ninth pass) */
             float slope = L->alibi[sc->head[r]];
             for (int c = 0; c < nc; c++) {
                 int64_t dj = a + c - sc->pos[r];
-                s[c] -= slope * (float)(dj < 0 ? -dj : dj);
+                const float x = s[c] - slope * (float)(dj < 0 ? -dj : dj);
+                s[c] = x == -INFINITY ? PA__CPU_NEG_INF_LOGIT : x;
             }
         }
         if (sc->vis[r] == 2) mask_hidden(L, sc, r, a, nc, s);
