@@ -59,13 +59,17 @@
 
 /* ---- ISA kernels -------------------------------------------------------------------------- */
 
-/* How many kernel calls ahead a decode prefetches by default (pa__cpu_kernels.decode_pf), and
- * at most. Overridable for experiments. */
+/* How many kernel calls ahead a decode prefetches by default (pa__cpu_kernels.decode_pf), on
+ * Zen 4 (into L2: cpu_backend.c, decode_prefetch), and at most. Overridable for experiments. */
 #ifndef CPU_DECODE_PF
 #  define CPU_DECODE_PF 1
 #endif
+#ifndef CPU_DECODE_PF_ZEN4
+#  define CPU_DECODE_PF_ZEN4 2
+#endif
 #define CPU_DECODE_PF_MAX 4
 _Static_assert(CPU_DECODE_PF >= 1 && CPU_DECODE_PF <= CPU_DECODE_PF_MAX, "decode prefetch distance");
+_Static_assert(CPU_DECODE_PF_ZEN4 >= 1 && CPU_DECODE_PF_ZEN4 <= CPU_DECODE_PF_MAX, "decode prefetch distance");
 
 /* Rows a decode kernel call should prefetch for the next one: n rows of `bytes` each. */
 typedef struct pa__cpu_pf {

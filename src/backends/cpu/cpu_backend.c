@@ -70,7 +70,9 @@ bool pa__cpu_avx512_rows12(const pa__cpu_features *f)
  * each a 4 KiB run at block 16, left a one-thread decode 16 x 4096 bf16 at ~30% of the read
  * bandwidth; PREFETCHT1 two calls ahead took it from 34 to 18-19 ms (1 x 32768: 14.9 -> 7.8 ms),
  * results unchanged. Reading 4 KiB chunks in a shuffled order, that core reached 7-9 GB/s with
- * PREFETCHT0 and 13-15 with PREFETCHT1 (sequential 30). Elsewhere the L1 prefetch one call
+ * PREFETCHT0 and 13-15 with PREFETCHT1 (sequential 30). Three or four calls ahead
+ * (CPU_DECODE_PF_ZEN4): equal on one thread, 2-8% slower medians on two (forty-ninth pass).
+ * Elsewhere the L1 prefetch one call
  * ahead was the faster or the only one measured (a Zen 5: PREFETCHT1 8% slower, thirty-fourth
  * pass). */
 static bool zen4(const pa__cpu_features *f)
@@ -80,7 +82,7 @@ static bool zen4(const pa__cpu_features *f)
 
 static void decode_prefetch(const pa__cpu_features *f, pa__cpu_kernels *k)
 {
-    k->decode_pf = zen4(f) ? 2 : CPU_DECODE_PF;
+    k->decode_pf = zen4(f) ? CPU_DECODE_PF_ZEN4 : CPU_DECODE_PF;
     k->decode_pf_l2 = zen4(f);
 }
 
