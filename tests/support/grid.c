@@ -1149,6 +1149,32 @@ static void build_cases(void)
     push(c, "odd-heads");
     c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.D = 130, c.softcap = 25.0f;
     push(c, "odd-heads");
+    /* block-sparse prompts whose tiles the cpu backend gathers from the sparse blocks their rows
+     * see (runs of keys that are not consecutive, ALiBi's distances and the masks taken per
+     * run): every other block of 16 (local 0, stride 2: up to five runs to a 64-key tile, one
+     * of them cut short, then the tile's run limit) under ALiBi and sinks, a prompt and a chunk
+     * over a context; blocks of 24 (runs that cut cache blocks) per head with a window; blocks of
+     * 64 per KV head's slide. The NaN inputs of poison_inputs sit where some rows see them. */
+    c = base_case();
+    c.H = 8, c.Hkv = 2, c.D = 64, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.bs = (pa_blocksparse){16, 0, 2, 1, 0, 0};
+    c.alibi = 1, c.sinks = 1;
+    c.nonfinite = 1;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){0, 300, 1, 0};
+    c.seqs[1] = (gseq){203, 133, 1, 0};
+    c.seqs[2] = (gseq){410, 1, 0, 0};
+    push(c, "sparse-gather");
+    c.cache = c.kvd = PA_DTYPE_F16, c.qd = PA_DTYPE_F32, c.outd = PA_DTYPE_F32;
+    c.bs = (pa_blocksparse){24, 1, 3, 0, 1, 0};
+    c.alibi = c.sinks = 0, c.wl = 90, c.wr = -1;
+    push(c, "sparse-gather");
+    c.cache = PA_DTYPE_FP8_E4M3, c.kvd = c.qd = c.outd = PA_DTYPE_BF16, c.kscale = 0.5f, c.vscale = 2.0f;
+    c.bs = (pa_blocksparse){64, 1, 3, 0, -1, 0};
+    c.wl = -1;
+    c.seqs[0] = (gseq){0, 400, 1, 0};
+    push(c, "sparse-gather");
 }
 
 int grid_count(void)

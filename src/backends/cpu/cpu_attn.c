@@ -112,6 +112,20 @@ static void key_rows_kv(const key_src *ks, int64_t a, int n, const void **krows,
     }
 }
 
+/* A tile's keys: runs [a, a + n) of consecutive keys, their columns one after another. A tile
+ * is one run, but where a block-sparse prefill gathers the sparse blocks its rows see (below). */
+typedef struct {
+    int64_t a;
+    int n;
+} key_run;
+#define CPU_TILE_RUNS (CPU_KT / 16 + 1)
+
+/* K and V rows of a tile's runs, column after column. */
+static void run_rows_kv(const key_src *ks, const key_run *run, int nrun, const void **krows, const void **vrows)
+{
+    for (int i = 0, c = 0; i < nrun; c += run[i].n, i++) key_rows_kv(ks, run[i].a, run[i].n, krows + c, vrows + c);
+}
+
 /* Asks for rows that the next kernel call will read (one KV head's K or V rows of a tile: 4 KiB
  * for bf16, 16 keys, d 128): issued one call ahead, so they arrive while the current call
  * computes. Always inlined: gcc 12 deletes calls to a non-inlined function whose only effect is
@@ -176,28 +190,95 @@ static int bs_tile_vis(const struct pa_layer *L, int32_t h, int64_t p, int64_t a
     return any ? (all ? 1 : 2) : 0;
 }
 
-/* Which of a tile's nr rows (nrk per KV head) see which of its keys [a, e): vis[r] 0 none, 1 all,
- * 2 some; hv[k]: some row of KV head k sees a key; any, full (every row all), every (every row
- * some). [vlo, vhi): the keys within every row's range (a tile inside it needs no test per
- * row, but under block sparsity). */
+/* A block-sparse prefill's query rows by (query head, sparse query block), whose rows share
+ * the sparse rule: p one of their positions, [lo, hi) a range holding every key any of them may
+ * see (their ranges' hull; rows that see nothing left out). Returns the number of groups. */
+typedef struct {
+    int32_t h;
+    int64_t p, lo, hi;
+} bs_group;
+
+static int bs_groups(const struct pa_layer *L, const pa__cpu_scratch *sc, int nr, bs_group *g)
+{
+    const int64_t bsz = L->cfg.blocksparse.block_size;
+    int n = 0;
+    for (int r = 0; r < nr; r++) {
+        if (sc->lo[r] >= sc->hi[r]) continue;
+        int i = 0;
+        while (i < n && !(g[i].h == sc->head[r] && g[i].p / bsz == sc->pos[r] / bsz)) i++;
+        if (i == n) {
+            g[n++] = (bs_group){sc->head[r], sc->pos[r], sc->lo[r], sc->hi[r]};
+        } else {
+            if (sc->lo[r] < g[i].lo) g[i].lo = sc->lo[r];
+            if (sc->hi[r] > g[i].hi) g[i].hi = sc->hi[r];
+        }
+    }
+    return n;
+}
+
+/* The next tile of a block-sparse prefill: up to kt keys from *next on (before end), gathered
+ * from the sparse blocks that some group sees, as at most CPU_TILE_RUNS runs; *next moves past
+ * them and past the blocks no row sees. Returns the number of runs (0: no keys left). With
+ * sparse blocks shorter than the tile, contiguous tiles computed every key of blocks their rows
+ * mostly could not see: a 1024-token prompt at sparse block 16, vertical stride 4, took longer
+ * than a dense one (bench/NOTES.md, forty-ninth pass). */
+static int gather_tile(const struct pa_layer *L, const bs_group *g, int ng, int64_t *next, int64_t end, int kt,
+                       key_run *run)
+{
+    const int64_t bsz = L->cfg.blocksparse.block_size;
+    int n = 0, nc = 0;
+    int64_t j = *next;
+    while (j < end && nc < kt) {
+        int64_t be = (j / bsz + 1) * bsz;
+        if (be > end) be = end;
+        bool seen = false;
+        for (int i = 0; i < ng && !seen; i++)
+            seen = g[i].lo < be && g[i].hi > j && pa__blocksparse_visible(L, g[i].h, g[i].p, j);
+        if (!seen) {
+            j = be;
+            continue;
+        }
+        const bool joins = n > 0 && run[n - 1].a + run[n - 1].n == j;
+        if (!joins && n == CPU_TILE_RUNS) break;
+        const int m = (int)(be - j < kt - nc ? be - j : kt - nc);
+        if (joins) run[n - 1].n += m;
+        else run[n++] = (key_run){j, m};
+        nc += m;
+        j += m;
+    }
+    *next = j;
+    return n;
+}
+
+/* Which of a tile's nr rows (nrk per KV head) see which of its keys (the runs run[0 .. nrun)):
+ * vis[r] 0 none, 1 all, 2 some; hv[k]: some row of KV head k sees a key; any, full (every row
+ * all), every (every row some). [vlo, vhi): the keys within every row's range (a tile of one
+ * run inside it needs no test per row, but under block sparsity). */
 static inline void tile_vis(const struct pa_layer *L, const pa__cpu_scratch *sc, bool bs, int nr, int nrk,
-                            int64_t a, int64_t e, int64_t vlo, int64_t vhi, unsigned char *vis,
+                            const key_run *run, int nrun, int64_t vlo, int64_t vhi, unsigned char *vis,
                             unsigned char hv[CPU_KROWS / 16], bool *any, bool *full, bool *every)
 {
-    const bool whole = !bs && a >= vlo && e <= vhi;
+    const bool whole = !bs && nrun == 1 && run[0].a >= vlo && run[0].a + run[0].n <= vhi;
     bool an = whole, fu = true, ev = true;
     memset(hv, whole, CPU_KROWS / 16);
     if (whole) memset(vis, 1, (size_t)nr);
     for (int r = 0; r < nr && !whole; r++) {
-        int v;
-        if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
-        else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
-        if (v && bs) {
-            int64_t ca = a > sc->lo[r] ? a : sc->lo[r];
-            int64_t ce = e < sc->hi[r] ? e : sc->hi[r];
-            int w = bs_tile_vis(L, sc->head[r], sc->pos[r], ca, ce);
-            v = w == 0 ? 0 : (v == 1 && w == 1 ? 1 : 2);
+        bool some = false, all = true;
+        for (int i = 0; i < nrun; i++) {
+            const int64_t a = run[i].a, e = a + run[i].n;
+            int v;
+            if (sc->hi[r] <= a || sc->lo[r] >= e) v = 0;
+            else v = (sc->lo[r] <= a && sc->hi[r] >= e) ? 1 : 2;
+            if (v && bs) {
+                int64_t ca = a > sc->lo[r] ? a : sc->lo[r];
+                int64_t ce = e < sc->hi[r] ? e : sc->hi[r];
+                int w = bs_tile_vis(L, sc->head[r], sc->pos[r], ca, ce);
+                v = w == 0 ? 0 : (v == 1 && w == 1 ? 1 : 2);
+            }
+            some |= v != 0;
+            all &= v == 1;
         }
+        const int v = !some ? 0 : all ? 1 : 2;
         vis[r] = (unsigned char)v;
         hv[r / nrk] |= v != 0;
         an |= v != 0;
@@ -352,8 +433,8 @@ static void mask_hidden(const struct pa_layer *L, const pa__cpu_scratch *sc, int
 }
 
 /* Scores of one tile after the QK product: soft-cap, ALiBi, mask (in the contract's order). */
-static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cpu_scratch *sc, int nr, int64_t a,
-                      int nc)
+static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cpu_scratch *sc, int nr,
+                      const key_run *run, int nrun, int nc)
 {
     const pa_layer_config *cfg = &L->cfg;
     /* A logit of -inf before the hidden keys are masked (an infinite q or k value) is a visible
@@ -384,13 +465,15 @@ static void score_fix(const pa__cpu_kernels *K, const struct pa_layer *L, pa__cp
              * goes back to the lowest finite float: an ALiBi slope of 1e30 dropped a visible
              * -inf logit's NaN V; an audit, forty-ninth pass) */
             float slope = L->alibi[sc->head[r]];
-            for (int c = 0; c < nc; c++) {
-                int64_t dj = a + c - sc->pos[r];
-                const float x = s[c] - slope * (float)(dj < 0 ? -dj : dj);
-                s[c] = x == -INFINITY ? PA__CPU_NEG_INF_LOGIT : x;
-            }
+            for (int i = 0, c = 0; i < nrun; i++)
+                for (int64_t j = run[i].a; j < run[i].a + run[i].n; j++, c++) {
+                    int64_t dj = j - sc->pos[r];
+                    const float x = s[c] - slope * (float)(dj < 0 ? -dj : dj);
+                    s[c] = x == -INFINITY ? PA__CPU_NEG_INF_LOGIT : x;
+                }
         }
-        if (sc->vis[r] == 2) mask_hidden(L, sc, r, a, nc, s);
+        if (sc->vis[r] == 2)
+            for (int i = 0, c = 0; i < nrun; c += run[i].n, i++) mask_hidden(L, sc, r, run[i].a, run[i].n, s + c);
     }
 }
 
@@ -611,11 +694,26 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const void *nkr[CPU_DECODE_PF_MAX + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0, nnv = 0;
         bool first = true, anybad = false;
-        int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt;
-        for (; j0 < uhi; j0 += kt) {
-            int64_t a = j0 > ulo ? j0 : ulo;
-            int64_t e = j0 + kt < uhi ? j0 + kt : uhi;
-            int nc = (int)(e - a);
+        /* block-sparse prefills gather their tiles from the sparse blocks their rows see */
+        const bool gather = bs && !direct && cfg->blocksparse.block_size >= 16;
+        bs_group grp[CPU_ROWS];
+        const int ngrp = gather ? bs_groups(L, sc, nr, grp) : 0;
+        for (int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt, next = ulo;;) {
+            key_run run[CPU_TILE_RUNS];
+            int nrun = 1;
+            if (gather) {
+                nrun = gather_tile(L, grp, ngrp, &next, uhi, kt, run);
+                if (!nrun) break;
+            } else {
+                if (j0 >= uhi) break;
+                run[0].a = j0 > ulo ? j0 : ulo;
+                run[0].n = (int)((j0 + kt < uhi ? j0 + kt : uhi) - run[0].a);
+                j0 += kt;
+            }
+            /* the tile's first key, the key after its last, its columns */
+            const int64_t a = run[0].a, e = run[nrun - 1].a + run[nrun - 1].n;
+            int nc = 0;
+            for (int i = 0; i < nrun; i++) nc += run[i].n;
             /* hv[k]: some row of KV head k sees a key of the tile; a head none of whose rows
              * does is passed over (its rows' weights would be -0 and their alpha 1: the same
              * bits), and in decode tiles so is each row that sees none of it. A block-sparse
@@ -625,7 +723,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
              * see part of a tile (forty-fifth pass). */
             unsigned char hv[CPU_KROWS / 16], vh[CPU_KROWS / 16];
             bool any, full, every;
-            tile_vis(L, sc, bs, nr, nrk, a, e, vlo, vhi, sc->vis, hv, &any, &full, &every);
+            tile_vis(L, sc, bs, nr, nrk, run, nrun, vlo, vhi, sc->vis, hv, &any, &full, &every);
             if (!any) continue;
             int nv = 0;
             for (int k = 0; k < it->nkv; k++)
@@ -661,7 +759,8 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 } else if (nnc) {
                     unsigned char nvis[CPU_ROWS], nhv[CPU_KROWS / 16];
                     bool nany, nfull, nevery;
-                    tile_vis(L, sc, bs, nr, nrk, e, ne, vlo, vhi, nvis, nhv, &nany, &nfull, &nevery);
+                    const key_run nrn = {e, nnc};
+                    tile_vis(L, sc, bs, nr, nrk, &nrn, 1, vlo, vhi, nvis, nhv, &nany, &nfull, &nevery);
                     for (int k = 0; k < it->nkv && nnv < dpf; k++)
                         if (nhv[k]) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
                 }
@@ -712,7 +811,7 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                             K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
                     }
                 } else if (transposed) {
-                    key_rows_kv(&ks[k], a, nc, kr[k], vr[k]);
+                    run_rows_kv(&ks[k], run, nrun, kr[k], vr[k]);
                     pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes, false};
                     if (q16 && K->qk_t_bf16 && d % 2 == 0) {
                         /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
@@ -727,15 +826,14 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                     /* (other tiles: this head's V rows prefetched for the PV after the softmax,
                      * the next tile's K rows during the PV; a decode of head size 120 waited on
                      * its reads here without them: an audit, forty-third pass) */
-                    key_rows(&ks[k], true, a, nc, vr[k]);
+                    run_rows_kv(&ks[k], run, nrun, sc->rows, vr[k]);
                     prefetch_rows(vr[k], nc, row_bytes, K->decode_pf_l2);
-                    key_rows(&ks[k], false, a, nc, sc->rows);
                     K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
                     K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
                 }
             }
             if (post_e) scores_times_pow2(sc, nr, nc, post_e);
-            score_fix(K, L, sc, nr, a, nc);
+            score_fix(K, L, sc, nr, run, nrun, nc);
 
             /* every row sees some key of the tile (score_fix has put -inf where it does not) and
              * none has gone bad: the table's whole-tile step where it has one (the same bits as
