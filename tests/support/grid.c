@@ -1175,6 +1175,21 @@ static void build_cases(void)
     c.wl = -1;
     c.seqs[0] = (gseq){0, 400, 1, 0};
     push(c, "sparse-gather");
+    /* vLLM's per-head pattern at blocks of 16, stride 4: the cpu backend's prompt items keep
+     * their rows head after head and take the keys in a pass per head; a 64-token chunk over
+     * 5000 keys splits its keys (partial rows, then the merge, in the item's own row order) */
+    c = base_case();
+    c.H = 8, c.Hkv = 2, c.D = 64, c.layout = LAYOUT_HND;
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_BF16;
+    c.bs = (pa_blocksparse){16, 1, 4, 0, 1, 0};
+    c.nonfinite = 1;
+    c.nseq = 3;
+    c.seqs[0] = (gseq){0, 300, 1, 0};
+    c.seqs[1] = (gseq){5000, 64, 1, 0};
+    c.seqs[2] = (gseq){410, 1, 0, 0};
+    push(c, "sparse-perhead");
+    c.cache = c.kvd = c.qd = c.outd = PA_DTYPE_F32, c.sinks = 1, c.softcap = 20.0f;
+    push(c, "sparse-perhead");
 }
 
 int grid_count(void)

@@ -485,6 +485,66 @@ static inline void row_of(int r, int32_t h0, int32_t nh, int32_t nt, int32_t gro
     *h = h0 + k * group + rem % nh;
 }
 
+/* The item's row (token-major: row_of) of row r of an item kept head after head (byhead:
+ * item_pass), r itself otherwise. */
+static inline int ext_row(bool byhead, int r, int32_t nh, int32_t nt)
+{
+    return byhead ? (int)(r % nt * nh + r / nt) : r;
+}
+
+/* Swaps the n rows from a with those from b (a + n <= b): everything item_pass keeps per row
+ * across tiles. */
+static void swap_rows(pa__cpu_scratch *sc, int a, int b, int n, int32_t dp)
+{
+    for (int i = 0; i < n; i++) {
+        const int x = a + i, y = b + i;
+        float tf;
+        int64_t ti;
+        tf = sc->m[x], sc->m[x] = sc->m[y], sc->m[y] = tf;
+        tf = sc->l[x], sc->l[x] = sc->l[y], sc->l[y] = tf;
+        ti = sc->lo[x], sc->lo[x] = sc->lo[y], sc->lo[y] = ti;
+        ti = sc->hi[x], sc->hi[x] = sc->hi[y], sc->hi[y] = ti;
+        ti = sc->pos[x], sc->pos[x] = sc->pos[y], sc->pos[y] = ti;
+        const int32_t th = sc->head[x];
+        sc->head[x] = sc->head[y], sc->head[y] = th;
+        const unsigned char tb = sc->bad[x];
+        sc->bad[x] = sc->bad[y], sc->bad[y] = tb;
+        for (int32_t j = 0; j < dp; j++) {
+            const size_t u = (size_t)x * dp + j, w = (size_t)y * dp + j;
+            tf = sc->q[u], sc->q[u] = sc->q[w], sc->q[w] = tf;
+            tf = sc->o[u], sc->o[u] = sc->o[w], sc->o[w] = tf;
+            const uint16_t t16 = sc->q16[u];
+            sc->q16[u] = sc->q16[w], sc->q16[w] = t16;
+        }
+    }
+}
+
+/* Whether passes per query head (item_pass, perhead) pay over one pass of the union: the keys
+ * of [lo, hi) the heads h0 .. h0 + nh - 1 see, summed over the heads, at most half of nh times
+ * those some head sees. Each head's pass computes its rows over its own keys only, but transposes
+ * the K tiles the heads share once per head: over a 2048-token prompt with Phi-3-small's
+ * pattern (64-key blocks, 16 local, stride 8; this test declines) passes took 1.15x the union's
+ * time; at 16-key blocks, 2 local, stride 4 (taken), 0.53x (bench/NOTES.md, forty-ninth pass). */
+static bool perhead_pays(const struct pa_layer *L, const bs_group *g, int ng, int64_t lo, int64_t hi, int32_t h0,
+                         int32_t nh)
+{
+    const int64_t bsz = L->cfg.blocksparse.block_size;
+    int64_t uni = 0, sum = 0;
+    for (int64_t j = lo; j < hi;) {
+        int64_t be = (j / bsz + 1) * bsz;
+        if (be > hi) be = hi;
+        unsigned char seen[CPU_ROWS] = {0};
+        int heads = 0;
+        for (int i = 0; i < ng; i++)
+            if (!seen[g[i].h - h0] && g[i].lo < be && g[i].hi > j && pa__blocksparse_visible(L, g[i].h, g[i].p, j))
+                seen[g[i].h - h0] = 1, heads++;
+        uni += heads ? be - j : 0;
+        sum += heads * (be - j);
+        j = be;
+    }
+    return 2 * sum <= uni * nh;
+}
+
 /* Whether some row of a tile (sequence s, tokens t0 .. t0 + nt - 1) sees a key of [k0, k1) in
  * this layer: the plan is made for every layer of its geometry, so a chunk that this layer's
  * window hides from the whole tile is an item with nothing to do, and no part of its merge
@@ -552,13 +612,22 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
                 chunk_seen(L, b, it->seq, it->t0, it->nt, it->k1, INT64_MAX);
     }
 
+    /* A block-sparse prompt whose query heads see different sparse blocks (vLLM's per-head
+     * pattern) keeps its rows head after head here (byhead: row r is the item's row ext_row(r);
+     * merges and partial rows see the item's order), so that each head's rows can take their
+     * keys alone where that pays (perhead_pays): the four query heads of a KV head together saw
+     * every block of a stride-4 pattern (bench/NOTES.md, forty-ninth pass). Items of more than 32
+     * rows (no decode tiles) and 9 tokens or more (the transposed prefill kernels). */
+    bool byhead = false;
+    if (bs && it->nkv == 1 && it->nh > 1 && it->nt > 8 && nr > 32 && cfg->blocksparse.block_size >= 16)
+        for (int32_t i = 1; i < it->nh && !byhead; i++) byhead = L->bs_offset[it->h0 + i] != L->bs_offset[it->h0];
     int64_t ulo = INT64_MAX, uhi = INT64_MIN;
     int64_t vlo = INT64_MIN, vhi = INT64_MAX; /* every row sees [vlo, vhi) (maybe empty) */
     size_t qsz = pa_dtype_size(cfg->q_dtype);
     for (int r = 0; r < nr; r++) {
         int t;
         int32_t h;
-        row_of(r, it->h0, it->nh, it->nt, L->group, &t, &h);
+        row_of(ext_row(byhead, r, it->nh, it->nt), it->h0, it->nh, it->nt, L->group, &t, &h);
         int64_t tok = qs + it->t0 + t, lo, hi;
         sc->head[r] = h;
         sc->pos[r] = ctxl + it->t0 + t;
@@ -694,268 +763,281 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const void *nkr[CPU_DECODE_PF_MAX + 1][CPU_KT], *nvr[CPU_KT];
         int nnc = 0, nnv = 0;
         bool first = true, anybad = false;
-        /* block-sparse prefills gather their tiles from the sparse blocks their rows see */
+        /* block-sparse prefills gather their tiles from the sparse blocks their rows see, per
+         * query head where that pays (perhead: a pass over the keys per head, its rows swapped
+         * to the front for it) */
         const bool gather = bs && !direct && cfg->blocksparse.block_size >= 16;
-        bs_group grp[CPU_ROWS];
-        const int ngrp = gather ? bs_groups(L, sc, nr, grp) : 0;
-        for (int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt, next = ulo;;) {
-            key_run run[CPU_TILE_RUNS];
-            int nrun = 1;
-            if (gather) {
-                nrun = gather_tile(L, grp, ngrp, &next, uhi, kt, run);
-                if (!nrun) break;
-            } else {
-                if (j0 >= uhi) break;
-                run[0].a = j0 > ulo ? j0 : ulo;
-                run[0].n = (int)((j0 + kt < uhi ? j0 + kt : uhi) - run[0].a);
-                j0 += kt;
-            }
-            /* the tile's first key, the key after its last, its columns */
-            const int64_t a = run[0].a, e = run[nrun - 1].a + run[nrun - 1].n;
-            int nc = 0;
-            for (int i = 0; i < nrun; i++) nc += run[i].n;
-            /* hv[k]: some row of KV head k sees a key of the tile; a head none of whose rows
-             * does is passed over (its rows' weights would be -0 and their alpha 1: the same
-             * bits), and in decode tiles so is each row that sees none of it. A block-sparse
-             * layer whose heads see different sparse blocks (vLLM's per-head pattern) read every
-             * key of every head, and was slower than dense (an audit, forty-third pass); then
-             * still, through the hidden heads' prefetches and the scans of V for the rows that
-             * see part of a tile (forty-fifth pass). */
-            unsigned char hv[CPU_KROWS / 16], vh[CPU_KROWS / 16];
-            bool any, full, every;
-            tile_vis(L, sc, bs, nr, nrk, run, nrun, vlo, vhi, sc->vis, hv, &any, &full, &every);
-            if (!any) continue;
-            int nv = 0;
-            for (int k = 0; k < it->nkv; k++)
-                if (hv[k]) vh[nv++] = (unsigned char)k;
+        bool perhead = false;
+        if (byhead) {
+            bs_group g[CPU_ROWS];
+            perhead = perhead_pays(L, g, bs_groups(L, sc, nr, g), ulo, uhi, it->h0, it->nh);
+        }
+        const int npass = perhead ? it->nh : 1;
+        for (int pass = 0; pass < npass; pass++) {
+            if (pass) swap_rows(sc, 0, pass * it->nt, it->nt, dp);
+            const int nrp = perhead ? it->nt : nr, nrkp = perhead ? it->nt : nrk; /* the pass's rows */
+            bs_group grp[CPU_ROWS];
+            const int ngrp = gather ? bs_groups(L, sc, nrp, grp) : 0;
+            for (int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt, next = ulo;;) {
+                key_run run[CPU_TILE_RUNS];
+                int nrun = 1;
+                if (gather) {
+                    nrun = gather_tile(L, grp, ngrp, &next, uhi, kt, run);
+                    if (!nrun) break;
+                } else {
+                    if (j0 >= uhi) break;
+                    run[0].a = j0 > ulo ? j0 : ulo;
+                    run[0].n = (int)((j0 + kt < uhi ? j0 + kt : uhi) - run[0].a);
+                    j0 += kt;
+                }
+                /* the tile's first key, the key after its last, its columns */
+                const int64_t a = run[0].a, e = run[nrun - 1].a + run[nrun - 1].n;
+                int nc = 0;
+                for (int i = 0; i < nrun; i++) nc += run[i].n;
+                /* hv[k]: some row of KV head k sees a key of the tile; a head none of whose rows
+                 * does is passed over (its rows' weights would be -0 and their alpha 1: the same
+                 * bits), and in decode tiles so is each row that sees none of it. A block-sparse
+                 * layer whose heads see different sparse blocks (vLLM's per-head pattern) read every
+                 * key of every head, and was slower than dense (an audit, forty-third pass); then
+                 * still, through the hidden heads' prefetches and the scans of V for the rows that
+                 * see part of a tile (forty-fifth pass). */
+                unsigned char hv[CPU_KROWS / 16], vh[CPU_KROWS / 16];
+                bool any, full, every;
+                tile_vis(L, sc, bs, nrp, nrkp, run, nrun, vlo, vhi, sc->vis, hv, &any, &full, &every);
+                if (!any) continue;
+                int nv = 0;
+                for (int k = 0; k < it->nkv; k++)
+                    if (hv[k]) vh[nv++] = (unsigned char)k;
 
-            int64_t ne = e + kt < uhi ? e + kt : uhi;
-            /* prefill tiles (transposed): this tile's V rows are prefetched while QK computes, the
-             * next tile's K rows while PV computes, each spread over the kernel call (pf_share).
-             * The copies of the tile had waited on memory: ~12% of a 2048-token f32 prefill in
-             * load_rows and load_rows_t, ~5% after; all at once before the call, the prefetches
-             * had stalled as long as the loads they replaced. */
-            pa__cpu_pf pfkr = {nkr[0], 0, (int)row_bytes, false};
-            if (direct) {
-                /* the item's KV heads differ only by their head offset: the first head's walk
-                 * through the block table, moved (a division and a walk per head took ~5% of the
-                 * samples of a cache-resident decode; 16 x 4096 bf16 5.90 -> 5.82 ms, E4M3 9.28
-                 * -> 9.12; bench/NOTES.md, twenty-eighth pass) */
-                key_rows_kv(&ks[0], a, nc, kr[0], vr[0]);
-                for (int k = 1; k < it->nkv; k++) {
-                    const int64_t dk = (ks[k].head_off - ks[0].head_off) * (int64_t)ks[0].esz;
-                    for (int i = 0; i < nc; i++) {
-                        kr[k][i] = (const char *)kr[0][i] + dk;
-                        vr[k][i] = (const char *)vr[0][i] + dk;
-                    }
-                }
-                /* the next tile's first visible heads' K rows, for the prefetch at this tile's
-                 * end (a next tile that no row sees: none; the tile after it then prefetches
-                 * its own first calls) */
-                nnc = e < uhi ? (int)(ne - e) : 0;
-                nnv = 0;
-                if (nnc && !bs && e >= vlo && ne <= vhi) {
-                    for (int k = 0; k < it->nkv && nnv < dpf; k++) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
-                } else if (nnc) {
-                    unsigned char nvis[CPU_ROWS], nhv[CPU_KROWS / 16];
-                    bool nany, nfull, nevery;
-                    const key_run nrn = {e, nnc};
-                    tile_vis(L, sc, bs, nr, nrk, &nrn, 1, vlo, vhi, nvis, nhv, &nany, &nfull, &nevery);
-                    for (int k = 0; k < it->nkv && nnv < dpf; k++)
-                        if (nhv[k]) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
-                }
-                if (!nnv) nnc = 0;
-                /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
-                for (int k = 0; k < dpf && first; k++) {
-                    pa__cpu_pf r = decode_rows(K, kr, vr, nkr, vh, nv, nnv, k, nc, nnc, row_bytes);
-                    prefetch_rows(r.rows, r.n, row_bytes, r.l2);
-                }
-                first = nnc == 0;
-            }
-            /* K of every KV head (head after head: whole blocks front to back in HND), scores */
-            for (int vi = 0; vi < nv; vi++) {
-                const int k = vh[vi];
-                float *kk = sc->k + (size_t)k * kt * dp;
-                float *sk = sc->s + (size_t)k * nrk * CPU_KT;
+                int64_t ne = e + kt < uhi ? e + kt : uhi;
+                /* prefill tiles (transposed): this tile's V rows are prefetched while QK computes, the
+                 * next tile's K rows while PV computes, each spread over the kernel call (pf_share).
+                 * The copies of the tile had waited on memory: ~12% of a 2048-token f32 prefill in
+                 * load_rows and load_rows_t, ~5% after; all at once before the call, the prefetches
+                 * had stalled as long as the loads they replaced. */
+                pa__cpu_pf pfkr = {nkr[0], 0, (int)row_bytes, false};
                 if (direct) {
-                    pa__cpu_pf pfr;
-                    const pa__cpu_pf *pf =
-                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, vi + dpf, nc, nnc, row_bytes) : NULL;
-                    /* the runs of rows that see the tile, in calls of up to direct_rows (rows past
-                     * them: further calls over the tile's keys, from L1); a row that sees none of
-                     * it keeps its scores of before, which score_fix masks */
-                    const unsigned char *vk = sc->vis + (size_t)k * nrk;
-                    for (int r0 = 0, r1; r0 < nrk; r0 = r1) {
-                        if (full) r1 = r0 + direct_rows < nrk ? r0 + direct_rows : nrk;
-                        else
-                            for (r1 = r0; r1 < nrk && r1 - r0 < direct_rows && vk[r1]; r1++) {}
-                        if (r1 == r0) {
-                            r1++;
-                            continue;
+                    /* the item's KV heads differ only by their head offset: the first head's walk
+                     * through the block table, moved (a division and a walk per head took ~5% of the
+                     * samples of a cache-resident decode; 16 x 4096 bf16 5.90 -> 5.82 ms, E4M3 9.28
+                     * -> 9.12; bench/NOTES.md, twenty-eighth pass) */
+                    key_rows_kv(&ks[0], a, nc, kr[0], vr[0]);
+                    for (int k = 1; k < it->nkv; k++) {
+                        const int64_t dk = (ks[k].head_off - ks[0].head_off) * (int64_t)ks[0].esz;
+                        for (int i = 0; i < nc; i++) {
+                            kr[k][i] = (const char *)kr[0][i] + dk;
+                            vr[k][i] = (const char *)vr[0][i] + dk;
                         }
-                        const int n = r1 - r0;
-                        const size_t qo = ((size_t)k * nrk + (size_t)r0) * dp;
-                        float *skr = sk + (size_t)r0 * CPU_KT;
-                        const pa__cpu_pf *pfc = pf;
-                        pf = NULL;
-                        if (q16)
-                            K->qk_src_bf16(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
-                        else if (q16e)
-                            qk8(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
-                        else if (pairs)
-                            K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
-                        else if (d != dp)
-                            K->qk_src_tail(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, d, dp, skr,
-                                           CPU_KT, pfc);
-                        else
-                            K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
                     }
-                } else if (transposed) {
-                    run_rows_kv(&ks[k], run, nrun, kr[k], vr[k]);
-                    pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes, false};
-                    if (q16 && K->qk_t_bf16 && d % 2 == 0) {
-                        /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
-                        K->load_rows_t(PA_DTYPE_F32, kr[k], nc, d / 2, dp / 2, kk);
-                        K->qk_t_bf16(sc->q16 + (size_t)k * nrk * dp, nrk, (const uint32_t *)kk, nc, dp, qsc, sk,
-                                     CPU_KT, &pfvr);
-                    } else {
-                        K->load_rows_t(ks[k].dtype, kr[k], nc, d, dp, kk);
-                        K->qk_t(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT, &pfvr);
+                    /* the next tile's first visible heads' K rows, for the prefetch at this tile's
+                     * end (a next tile that no row sees: none; the tile after it then prefetches
+                     * its own first calls) */
+                    nnc = e < uhi ? (int)(ne - e) : 0;
+                    nnv = 0;
+                    if (nnc && !bs && e >= vlo && ne <= vhi) {
+                        for (int k = 0; k < it->nkv && nnv < dpf; k++) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
+                    } else if (nnc) {
+                        unsigned char nvis[CPU_ROWS], nhv[CPU_KROWS / 16];
+                        bool nany, nfull, nevery;
+                        const key_run nrn = {e, nnc};
+                        tile_vis(L, sc, bs, nrp, nrkp, &nrn, 1, vlo, vhi, nvis, nhv, &nany, &nfull, &nevery);
+                        for (int k = 0; k < it->nkv && nnv < dpf; k++)
+                            if (nhv[k]) key_rows_kv(&ks[k], e, nnc, nkr[nnv++], nvr);
                     }
-                } else {
-                    /* (other tiles: this head's V rows prefetched for the PV after the softmax,
-                     * the next tile's K rows during the PV; a decode of head size 120 waited on
-                     * its reads here without them: an audit, forty-third pass) */
-                    run_rows_kv(&ks[k], run, nrun, sc->rows, vr[k]);
-                    prefetch_rows(vr[k], nc, row_bytes, K->decode_pf_l2);
-                    K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
-                    K->qk(sc->q + (size_t)k * nrk * dp, nrk, kk, nc, dp, sk, CPU_KT);
+                    if (!nnv) nnc = 0;
+                    /* the first tile's first calls (later tiles': prefetched at the previous one's end) */
+                    for (int k = 0; k < dpf && first; k++) {
+                        pa__cpu_pf r = decode_rows(K, kr, vr, nkr, vh, nv, nnv, k, nc, nnc, row_bytes);
+                        prefetch_rows(r.rows, r.n, row_bytes, r.l2);
+                    }
+                    first = nnc == 0;
                 }
-            }
-            if (post_e) scores_times_pow2(sc, nr, nc, post_e);
-            score_fix(K, L, sc, nr, run, nrun, nc);
-
-            /* every row sees some key of the tile (score_fix has put -inf where it does not) and
-             * none has gone bad: the table's whole-tile step where it has one (the same bits as
-             * the loop below, which treats a visible row's -inf scores like any other) */
-            const bool fused = every && !anybad && K->softmax_rows &&
-                               K->softmax_rows(sc->s, CPU_KT, nr, nc, sc->m, sc->l, sc->alpha);
-            for (int r = 0; r < nr && !fused; r++) {
-                float *s = sc->s + r * CPU_KT;
-                float mx = sc->vis[r] && !sc->bad[r] ? K->row_max(s, nc) : -INFINITY;
-                if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1, anybad = true; /* the row is NaN from now on */
-                float mn = mx > sc->m[r] ? mx : sc->m[r];
-                if (mn == -INFINITY || sc->bad[r]) {
-                    for (int c = 0; c < nc; c++) s[c] = -0.0f; /* masked (bad rows: NaN anyway) */
-                    sc->alpha[r] = 1.0f;
-                    continue;
-                }
-                float al = pa__cpu_alpha(sc->m[r], mn);
-                float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
-                if (!sc->vis[r])
-                    for (int c = 0; c < nc; c++) s[c] = -0.0f;
-                if (pa__cpu_far(sc->m[r] - mn)) {
-                    /* the maximum rose by more than 87: e^(m - mn) is below fp32's normals, where
-                     * the rows' earlier keys would weigh a subnormal or 0 times their due (an audit
-                     * found keys before a much larger one dropped). o and l take it in two exact
-                     * steps instead: 2^64 e^(m - mn) here, 2^-64 as the PV's alpha. */
-                    const float a2 = pa__cpu_far_up(sc->m[r] - mn);
-                    float *orow = sc->o + (size_t)r * dp;
-                    for (int j = 0; j < dp; j++) orow[j] *= a2;
-                    sc->l[r] = sc->l[r] * a2 * 0x1p-64f + sum;
-                    al = 0x1p-64f;
-                } else {
-                    sc->l[r] = sc->l[r] * al + sum;
-                }
-                sc->m[r] = mn;
-                sc->alpha[r] = al;
-            }
-            for (int vi = 0; vi < nv; vi++) {
-                const int k = vh[vi];
-                const float *pk = sc->s + (size_t)k * nrk * CPU_KT;
-                float *vv = sc->v + (size_t)k * kt * dp, *ok = sc->o + (size_t)k * nrk * dp;
-                const float *ak = sc->alpha + k * nrk;
-                if (direct) {
-                    pa__cpu_pf pfr;
-                    const pa__cpu_pf *pf =
-                        dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, nv + vi + dpf, nc, nnc, row_bytes)
-                            : NULL;
-                    /* runs of up to direct_rows rows that see the same keys of the tile, each with
-                     * the column mask of those keys (none where they see all): a listed key is
-                     * then seen by every row the call sums it into, so a NaN or inf in its V is
-                     * theirs, and the rows that mask it never take it. A row that sees none of the
-                     * tile is passed over (alpha 1 and weights -0: its row unchanged). Before,
-                     * a tile some rows saw in part went to one call with the union of the rows'
-                     * masks, after a scan of its V rows for NaN and inf (and through the generic
-                     * PV where it found one): vLLM's per-head sparse blocks took 1.8x the time
-                     * of dense attention (bench/NOTES.md, forty-fifth pass). */
-                    for (int r0 = 0, r1; r0 < nrk; r0 = r1) {
-                        const unsigned char *cm = NULL;
-                        if (full) {
-                            r1 = r0 + direct_rows < nrk ? r0 + direct_rows : nrk;
-                        } else {
-                            const float *p0 = pk + (size_t)r0 * CPU_KT;
-                            unsigned char *m0 = sc->colmask;
-                            int seen = 0;
-                            for (int c = 0; c < nc; c++) seen += m0[c] = !pa__cpu_masked(p0[c]);
-                            for (r1 = r0 + 1; seen && r1 < nrk && r1 - r0 < direct_rows; r1++) {
-                                const float *p1 = pk + (size_t)r1 * CPU_KT;
-                                int c = 0;
-                                while (c < nc && m0[c] == !pa__cpu_masked(p1[c])) c++;
-                                if (c < nc) break;
-                            }
-                            if (!seen) {
-                                r1 = r0 + 1;
+                /* K of every KV head (head after head: whole blocks front to back in HND), scores */
+                for (int vi = 0; vi < nv; vi++) {
+                    const int k = vh[vi];
+                    float *kk = sc->k + (size_t)k * kt * dp;
+                    float *sk = sc->s + (size_t)k * nrkp * CPU_KT;
+                    if (direct) {
+                        pa__cpu_pf pfr;
+                        const pa__cpu_pf *pf =
+                            dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, vi + dpf, nc, nnc, row_bytes) : NULL;
+                        /* the runs of rows that see the tile, in calls of up to direct_rows (rows past
+                         * them: further calls over the tile's keys, from L1); a row that sees none of
+                         * it keeps its scores of before, which score_fix masks */
+                        const unsigned char *vk = sc->vis + (size_t)k * nrkp;
+                        for (int r0 = 0, r1; r0 < nrkp; r0 = r1) {
+                            if (full) r1 = r0 + direct_rows < nrkp ? r0 + direct_rows : nrkp;
+                            else
+                                for (r1 = r0; r1 < nrkp && r1 - r0 < direct_rows && vk[r1]; r1++) {}
+                            if (r1 == r0) {
+                                r1++;
                                 continue;
                             }
-                            if (seen < nc) cm = m0;
+                            const int n = r1 - r0;
+                            const size_t qo = ((size_t)k * nrkp + (size_t)r0) * dp;
+                            float *skr = sk + (size_t)r0 * CPU_KT;
+                            const pa__cpu_pf *pfc = pf;
+                            pf = NULL;
+                            if (q16)
+                                K->qk_src_bf16(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
+                            else if (q16e)
+                                qk8(kr[k], nc, sc->q16 + qo, n, dp, qsc, skr, CPU_KT, pfc);
+                            else if (pairs)
+                                K->qk_src_pairs(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
+                            else if (d != dp)
+                                K->qk_src_tail(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, d, dp, skr,
+                                               CPU_KT, pfc);
+                            else
+                                K->qk_src(e4p ? PA__CPU_E4M3B : ks[k].dtype, kr[k], nc, sc->q + qo, n, dp, skr, CPU_KT, pfc);
                         }
-                        const int n = r1 - r0;
-                        const float *pkr = pk + (size_t)r0 * CPU_KT;
-                        float *okr = ok + (size_t)r0 * dp;
-                        const pa__cpu_pf *pfc = pf;
-                        pf = NULL;
-                        /* (bf16 dot products where the table has them and the rows suit them) */
-                        const pa_dtype vt = e4b && !K->pv_fp8_lut ? PA__CPU_E4M3B : ks[k].dtype;
-                        if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
-                        if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
-                        else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);
+                    } else if (transposed) {
+                        run_rows_kv(&ks[k], run, nrun, kr[k], vr[k]);
+                        pa__cpu_pf pfvr = {vr[k], nc, (int)row_bytes, false};
+                        if (q16 && K->qk_t_bf16 && d % 2 == 0) {
+                            /* the tile as transposed 32-bit pairs of bf16 (the same transpose, on words) */
+                            K->load_rows_t(PA_DTYPE_F32, kr[k], nc, d / 2, dp / 2, kk);
+                            K->qk_t_bf16(sc->q16 + (size_t)k * nrkp * dp, nrkp, (const uint32_t *)kk, nc, dp, qsc, sk,
+                                         CPU_KT, &pfvr);
+                        } else {
+                            K->load_rows_t(ks[k].dtype, kr[k], nc, d, dp, kk);
+                            K->qk_t(sc->q + (size_t)k * nrkp * dp, nrkp, kk, nc, dp, sk, CPU_KT, &pfvr);
+                        }
+                    } else {
+                        /* (other tiles: this head's V rows prefetched for the PV after the softmax,
+                         * the next tile's K rows during the PV; a decode of head size 120 waited on
+                         * its reads here without them: an audit, forty-third pass) */
+                        run_rows_kv(&ks[k], run, nrun, sc->rows, vr[k]);
+                        prefetch_rows(vr[k], nc, row_bytes, K->decode_pf_l2);
+                        K->load_rows(ks[k].dtype, sc->rows, nc, d, dp, kk);
+                        K->qk(sc->q + (size_t)k * nrkp * dp, nrkp, kk, nc, dp, sk, CPU_KT);
                     }
-                    continue;
                 }
-                const unsigned char *cm = NULL;
-                if (!full) {
-                    for (int c = 0; c < nc; c++) {
-                        unsigned char v = 0;
-                        for (int r = 0; r < nrk && !v; r++) v = !pa__cpu_masked(pk[r * CPU_KT + c]);
-                        sc->colmask[c] = v;
-                    }
-                    cm = sc->colmask;
-                }
-                {
-                    const void *const *vrows = vr[k]; /* (set with the tile's K rows) */
-                    /* the next tile's K rows of this head (read next) */
-                    pfkr.n = e < uhi ? (int)(ne - e) : 0;
-                    if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
-                    const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
-                    if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv) &&
-                        K->pv_bf16(pk, CPU_KT, nrk, (const uint32_t *)vv, nc, dp, ak, ok, pf)) {
-                        /* the tile as bf16 pairs, for bf16 dot products (cpu.h, pv_bf16) */
+                if (post_e) scores_times_pow2(sc, nrp, nc, post_e);
+                score_fix(K, L, sc, nrp, run, nrun, nc);
+
+                /* every row sees some key of the tile (score_fix has put -inf where it does not) and
+                 * none has gone bad: the table's whole-tile step where it has one (the same bits as
+                 * the loop below, which treats a visible row's -inf scores like any other) */
+                const bool fused = every && !anybad && K->softmax_rows &&
+                                   K->softmax_rows(sc->s, CPU_KT, nrp, nc, sc->m, sc->l, sc->alpha);
+                for (int r = 0; r < nrp && !fused; r++) {
+                    float *s = sc->s + r * CPU_KT;
+                    float mx = sc->vis[r] && !sc->bad[r] ? K->row_max(s, nc) : -INFINITY;
+                    if (isnan(mx) || mx == INFINITY) sc->bad[r] = 1, anybad = true; /* the row is NaN from now on */
+                    float mn = mx > sc->m[r] ? mx : sc->m[r];
+                    if (mn == -INFINITY || sc->bad[r]) {
+                        for (int c = 0; c < nc; c++) s[c] = -0.0f; /* masked (bad rows: NaN anyway) */
+                        sc->alpha[r] = 1.0f;
                         continue;
                     }
-                    if (K->pv_rows && ks[k].dtype == PA_DTYPE_F32 && d == dp &&
-                        !(cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))) {
-                        /* fp32 V rows as they lie: the scratch copy would change nothing */
-                        K->pv_rows(pk, CPU_KT, nrk, vrows, nc, dp, ak, cm, ok, pf);
+                    float al = pa__cpu_alpha(sc->m[r], mn);
+                    float sum = sc->vis[r] ? K->exp_row(s, nc, mn) : 0.0f;
+                    if (!sc->vis[r])
+                        for (int c = 0; c < nc; c++) s[c] = -0.0f;
+                    if (pa__cpu_far(sc->m[r] - mn)) {
+                        /* the maximum rose by more than 87: e^(m - mn) is below fp32's normals, where
+                         * the rows' earlier keys would weigh a subnormal or 0 times their due (an audit
+                         * found keys before a much larger one dropped). o and l take it in two exact
+                         * steps instead: 2^64 e^(m - mn) here, 2^-64 as the PV's alpha. */
+                        const float a2 = pa__cpu_far_up(sc->m[r] - mn);
+                        float *orow = sc->o + (size_t)r * dp;
+                        for (int j = 0; j < dp; j++) orow[j] *= a2;
+                        sc->l[r] = sc->l[r] * a2 * 0x1p-64f + sum;
+                        al = 0x1p-64f;
+                    } else {
+                        sc->l[r] = sc->l[r] * al + sum;
+                    }
+                    sc->m[r] = mn;
+                    sc->alpha[r] = al;
+                }
+                for (int vi = 0; vi < nv; vi++) {
+                    const int k = vh[vi];
+                    const float *pk = sc->s + (size_t)k * nrkp * CPU_KT;
+                    float *vv = sc->v + (size_t)k * kt * dp, *ok = sc->o + (size_t)k * nrkp * dp;
+                    const float *ak = sc->alpha + k * nrkp;
+                    if (direct) {
+                        pa__cpu_pf pfr;
+                        const pa__cpu_pf *pf =
+                            dpf ? decode_prefetch(K, &pfr, kr, vr, nkr, vh, nv, nnv, nv + vi + dpf, nc, nnc, row_bytes)
+                                : NULL;
+                        /* runs of up to direct_rows rows that see the same keys of the tile, each with
+                         * the column mask of those keys (none where they see all): a listed key is
+                         * then seen by every row the call sums it into, so a NaN or inf in its V is
+                         * theirs, and the rows that mask it never take it. A row that sees none of the
+                         * tile is passed over (alpha 1 and weights -0: its row unchanged). Before,
+                         * a tile some rows saw in part went to one call with the union of the rows'
+                         * masks, after a scan of its V rows for NaN and inf (and through the generic
+                         * PV where it found one): vLLM's per-head sparse blocks took 1.8x the time
+                         * of dense attention (bench/NOTES.md, forty-fifth pass). */
+                        for (int r0 = 0, r1; r0 < nrkp; r0 = r1) {
+                            const unsigned char *cm = NULL;
+                            if (full) {
+                                r1 = r0 + direct_rows < nrkp ? r0 + direct_rows : nrkp;
+                            } else {
+                                const float *p0 = pk + (size_t)r0 * CPU_KT;
+                                unsigned char *m0 = sc->colmask;
+                                int seen = 0;
+                                for (int c = 0; c < nc; c++) seen += m0[c] = !pa__cpu_masked(p0[c]);
+                                for (r1 = r0 + 1; seen && r1 < nrkp && r1 - r0 < direct_rows; r1++) {
+                                    const float *p1 = pk + (size_t)r1 * CPU_KT;
+                                    int c = 0;
+                                    while (c < nc && m0[c] == !pa__cpu_masked(p1[c])) c++;
+                                    if (c < nc) break;
+                                }
+                                if (!seen) {
+                                    r1 = r0 + 1;
+                                    continue;
+                                }
+                                if (seen < nc) cm = m0;
+                            }
+                            const int n = r1 - r0;
+                            const float *pkr = pk + (size_t)r0 * CPU_KT;
+                            float *okr = ok + (size_t)r0 * dp;
+                            const pa__cpu_pf *pfc = pf;
+                            pf = NULL;
+                            /* (bf16 dot products where the table has them and the rows suit them) */
+                            const pa_dtype vt = e4b && !K->pv_fp8_lut ? PA__CPU_E4M3B : ks[k].dtype;
+                            if (vpairs && K->pv_src_bf16(vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc)) continue;
+                            if (d != dp) K->pv_src_tail(vt, vr[k], nc, pkr, CPU_KT, n, d, dp, ak + r0, cm, okr, pfc);
+                            else K->pv_src(vt, vr[k], nc, pkr, CPU_KT, n, dp, ak + r0, cm, okr, pfc);
+                        }
                         continue;
                     }
-                    K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
-                    if (cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))
-                        pa__cpu_pv_masked(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);
-                    else
-                        K->pv(pk, CPU_KT, nrk, vv, nc, dp, ak, cm, ok, pf);
+                    const unsigned char *cm = NULL;
+                    if (!full) {
+                        for (int c = 0; c < nc; c++) {
+                            unsigned char v = 0;
+                            for (int r = 0; r < nrkp && !v; r++) v = !pa__cpu_masked(pk[r * CPU_KT + c]);
+                            sc->colmask[c] = v;
+                        }
+                        cm = sc->colmask;
+                    }
+                    {
+                        const void *const *vrows = vr[k]; /* (set with the tile's K rows) */
+                        /* the next tile's K rows of this head (read next) */
+                        pfkr.n = e < uhi ? (int)(ne - e) : 0;
+                        if (pfkr.n) key_rows_kv(&ks[k], e, pfkr.n, nkr[0], nvr);
+                        const pa__cpu_pf *pf = pfkr.n ? &pfkr : NULL;
+                        if (vpairs && K->load_v_pairs(vrows, nc, d, dp, cm, (uint32_t *)vv) &&
+                            K->pv_bf16(pk, CPU_KT, nrkp, (const uint32_t *)vv, nc, dp, ak, ok, pf)) {
+                            /* the tile as bf16 pairs, for bf16 dot products (cpu.h, pv_bf16) */
+                            continue;
+                        }
+                        if (K->pv_rows && ks[k].dtype == PA_DTYPE_F32 && d == dp &&
+                            !(cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))) {
+                            /* fp32 V rows as they lie: the scratch copy would change nothing */
+                            K->pv_rows(pk, CPU_KT, nrkp, vrows, nc, dp, ak, cm, ok, pf);
+                            continue;
+                        }
+                        K->load_rows(ks[k].dtype, vrows, nc, d, dp, vv);
+                        if (cm && rows_nonfinite(ks[k].dtype, vrows, nc, d))
+                            pa__cpu_pv_masked(pk, CPU_KT, nrkp, vv, nc, dp, ak, cm, ok, pf);
+                        else
+                            K->pv(pk, CPU_KT, nrkp, vv, nc, dp, ak, cm, ok, pf);
+                    }
                 }
             }
+            if (pass) swap_rows(sc, 0, pass * it->nt, it->nt, dp);
         }
     }
 
@@ -974,14 +1056,14 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         const float *o = sc->o + (size_t)r * dp;
         if ((only && !only[r]) || (K->p_exp && redo[r])) continue;
         if (split) {
-            float *pr = J->p->part + (size_t)(it->part + r) * (dp + 2);
+            float *pr = J->p->part + (size_t)(it->part + ext_row(byhead, r, it->nh, it->nt)) * (dp + 2);
             pr[0] = sc->m[r];
             pr[1] = sc->bad[r] ? NAN : sc->l[r]; /* NaN l: the merge makes the row NaN */
             memcpy(pr + 2, o, (size_t)d * sizeof(float));
         } else {
             int t;
             int32_t h;
-            row_of(r, it->h0, it->nh, it->nt, L->group, &t, &h);
+            row_of(ext_row(byhead, r, it->nh, it->nt), it->h0, it->nh, it->nt, L->group, &t, &h);
             write_row(f, qs + it->t0 + t, h, o, sc->m[r], sc->l[r], sc->bad[r], K);
         }
     }
