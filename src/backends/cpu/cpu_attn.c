@@ -216,6 +216,12 @@ static int bs_groups(const struct pa_layer *L, const pa__cpu_scratch *sc, int nr
     return n;
 }
 
+/* Whether group g sees a key of the sparse block [j, be) (one block, cut to a range). */
+static inline bool group_sees(const struct pa_layer *L, const bs_group *g, int64_t j, int64_t be)
+{
+    return g->lo < be && g->hi > j && pa__blocksparse_visible(L, g->h, g->p, j);
+}
+
 /* The next tile of a block-sparse prefill: up to kt keys from *next on (before end), gathered
  * from the sparse blocks that some group sees, as at most CPU_TILE_RUNS runs; *next moves past
  * them and past the blocks no row sees. Returns the number of runs (0: no keys left). With
@@ -233,7 +239,7 @@ static int gather_tile(const struct pa_layer *L, const bs_group *g, int ng, int6
         if (be > end) be = end;
         bool seen = false;
         for (int i = 0; i < ng && !seen; i++)
-            seen = g[i].lo < be && g[i].hi > j && pa__blocksparse_visible(L, g[i].h, g[i].p, j);
+            seen = group_sees(L, &g[i], j, be);
         if (!seen) {
             j = be;
             continue;
@@ -536,7 +542,7 @@ static bool perhead_pays(const struct pa_layer *L, const bs_group *g, int ng, in
         unsigned char seen[CPU_ROWS] = {0};
         int heads = 0;
         for (int i = 0; i < ng; i++)
-            if (!seen[g[i].h - h0] && g[i].lo < be && g[i].hi > j && pa__blocksparse_visible(L, g[i].h, g[i].p, j))
+            if (!seen[g[i].h - h0] && group_sees(L, &g[i], j, be))
                 seen[g[i].h - h0] = 1, heads++;
         uni += heads ? be - j : 0;
         sum += heads * (be - j);
@@ -766,18 +772,15 @@ static bool item_pass(job *J, int64_t index, int thread, const pa__cpu_kernels *
         /* block-sparse prefills gather their tiles from the sparse blocks their rows see, per
          * query head where that pays (perhead: a pass over the keys per head, its rows swapped
          * to the front for it) */
-        const bool gather = bs && !direct && cfg->blocksparse.block_size >= 16;
-        bool perhead = false;
-        if (byhead) {
-            bs_group g[CPU_ROWS];
-            perhead = perhead_pays(L, g, bs_groups(L, sc, nr, g), ulo, uhi, it->h0, it->nh);
-        }
+        const bool gather = bs && !direct && cfg->blocksparse.block_size >= 16; /* (byhead: true) */
+        bs_group grp[CPU_ROWS];
+        int ngrp = gather ? bs_groups(L, sc, nr, grp) : 0;
+        const bool perhead = byhead && perhead_pays(L, grp, ngrp, ulo, uhi, it->h0, it->nh);
         const int npass = perhead ? it->nh : 1;
         for (int pass = 0; pass < npass; pass++) {
             if (pass) swap_rows(sc, 0, pass * it->nt, it->nt, dp);
             const int nrp = perhead ? it->nt : nr, nrkp = perhead ? it->nt : nrk; /* the pass's rows */
-            bs_group grp[CPU_ROWS];
-            const int ngrp = gather ? bs_groups(L, sc, nrp, grp) : 0;
+            if (perhead) ngrp = bs_groups(L, sc, nrp, grp);
             for (int64_t j0 = it->k0 + (ulo - it->k0) / kt * kt, next = ulo;;) {
                 key_run run[CPU_TILE_RUNS];
                 int nrun = 1;
