@@ -12,7 +12,7 @@
  * pass) otherwise decide separate runs. Prints min / first quartile / median per library and a
  * checksum of the output (equal for builds that compute the same bits).
  * Environment: THR (threads, default 1), ROUNDS (8), REPS (3), DT (bf16 | f16 | e4m3 | e5m2 | f32),
- * HQ (query heads, default 32; a multiple of 8: 64 for GQA 8), SEQS and CTX (the decode batch:
+ * D (head size, default 128), HQ (query heads, default 32; a multiple of 8: 64 for GQA 8), SEQS and CTX (the decode batch:
  * sequences, default 16, at most 64; keys each, default 4096, a multiple of 16),
  * PREFILL=n (one causal prompt of n tokens, n a multiple of 16, read from the cache, instead),
  * MIXPRE=n (one causal prompt of n tokens, a multiple of 16, first in the batch, beside the decodes:
@@ -86,7 +86,8 @@ static int env_int(const char *name, int def)
 
 int main(int argc, char **argv)
 {
-    enum { HKV = 8, D = 128, BS = 16 };
+    enum { HKV = 8, BS = 16 };
+    const int D = env_int("D", 128); /* head size */
     const int H = env_int("HQ", 32); /* query heads (a multiple of the 8 KV heads) */
     /* PREFILL=n: one causal prompt of n tokens (n a multiple of 16) instead of the decode batch */
     const int prefill = env_int("PREFILL", 0), S = prefill ? 1 : env_int("SEQS", 16);

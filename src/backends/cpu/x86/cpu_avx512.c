@@ -521,19 +521,75 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
 
 /* pvz_chunk over fp8 rows by the tables (f8l): the NV vectors in 64-dim groups, each group's
  * accumulators in the tables' order (f8l_cvt's: 4 per row whatever part of the group is dims),
- * starting at 0 and put in order and added to alpha * O at the end (as the bf16 pairs below) */
+ * starting at 0 and put in order and added to alpha * O at the end (as the bf16 pairs below).
+ * A last group of 16, 32 or 48 dims leaves f8l_cvt's 4 vectors with 1, 2 or 3 of their 4 blocks
+ * used: where the rows are enough to pay for it (fold_pays) they are folded into 1, 2 or 3 full
+ * vectors (fold_tail) before the FMAs and unfolded (unfold_tail) before the reorder, so the same
+ * products go into the same sums in the same order (the same bits) in fewer FMAs. Head size 96
+ * had cost as much as 128 (bench/NOTES.md, fiftieth pass). */
+AI bool fold_pays(int R, int nt)
+{
+    /* (1 to 3 shuffles a key against 3, 2 or 1 FMAs saved per row) */
+    return nt == 1 || nt == 2 ? R >= 2 : nt == 3 && R >= 4;
+}
+
+/* the permutation taking blocks s0 .. s3 (0-3: the first operand's, 4-7: the second's) */
+AI __m512i blocks_idx(int s0, int s1, int s2, int s3)
+{
+    return _mm512_set_epi32(4 * s3 + 3, 4 * s3 + 2, 4 * s3 + 1, 4 * s3, 4 * s2 + 3, 4 * s2 + 2, 4 * s2 + 1, 4 * s2,
+                            4 * s1 + 3, 4 * s1 + 2, 4 * s1 + 1, 4 * s1, 4 * s0 + 3, 4 * s0 + 2, 4 * s0 + 1, 4 * s0);
+}
+
+/* x[0..4) with blocks 0 .. nt - 1 used -> x[0..nt): those blocks end to end, x0's first */
+AI void fold_tail(int nt, __m512 *x)
+{
+    if (nt == 3) {
+        const __m512 y0 = _mm512_permutex2var_ps(x[0], blocks_idx(0, 1, 2, 4), x[1]);
+        const __m512 y1 = _mm512_permutex2var_ps(x[1], blocks_idx(1, 2, 4, 5), x[2]);
+        const __m512 y2 = _mm512_permutex2var_ps(x[2], blocks_idx(2, 4, 5, 6), x[3]);
+        x[0] = y0, x[1] = y1, x[2] = y2;
+    } else if (nt == 2) {
+        const __m512 y0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44), y1 = _mm512_shuffle_f32x4(x[2], x[3], 0x44);
+        x[0] = y0, x[1] = y1;
+    } else {
+        const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x00), t1 = _mm512_shuffle_f32x4(x[2], x[3], 0x00);
+        x[0] = _mm512_shuffle_f32x4(t0, t1, 0x88);
+    }
+}
+
+/* fold_tail's inverse on sums: a[0..4) in the tables' order (blocks 0 .. nt - 1 of each: what
+ * f8l_order reads for the first nt vectors; the other blocks are left anything) */
+AI void unfold_tail(int nt, const __m512 *y, __m512 *a)
+{
+    if (nt == 3) {
+        a[0] = y[0];
+        a[1] = _mm512_permutex2var_ps(y[0], blocks_idx(3, 4, 5, 5), y[1]);
+        a[2] = _mm512_permutex2var_ps(y[1], blocks_idx(2, 3, 4, 4), y[2]);
+        a[3] = _mm512_shuffle_f32x4(y[2], y[2], 0xf9);
+    } else if (nt == 2) {
+        a[0] = y[0], a[1] = _mm512_shuffle_f32x4(y[0], y[0], 0xee);
+        a[2] = y[1], a[3] = _mm512_shuffle_f32x4(y[1], y[1], 0xee);
+    } else {
+        a[0] = y[0], a[1] = _mm512_shuffle_f32x4(y[0], y[0], 0x01);
+        a[2] = _mm512_shuffle_f32x4(y[0], y[0], 0x02), a[3] = _mm512_shuffle_f32x4(y[0], y[0], 0x03);
+    }
+}
+
 AI void pvf_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const int *idx, int nv, const float *p, int ldp,
                   int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
-    const int NA = (NV + 3) / 4 * 4; /* accumulators per row */
+    const int NG = NV / 4, NT = NV % 4;                   /* whole groups; vectors of the last one */
+    const bool fold = NT > 0 && fold_pays(R, NT);         /* (fold_tail) */
+    const int NA = 4 * NG + (NT == 0 ? 0 : fold ? NT : 4); /* accumulators per row */
     if (R * NA > 16) __builtin_trap(); /* (never: pv_src_lut's groups of at most 4 rows, pvz_rows' widths) */
     __m512 acc[16];
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R * NA; i++) acc[i] = _mm512_setzero_ps();
     for (int i = 0; i < nv; i++) {
         const int c = idx ? idx[i] : i;
         const char *vp = (const char *)vr[c] + j;
         __m512 x[8];
         for (int g = 0; 4 * g < NV; g++) f8l_cvt(dt, vp + 64 * g, NV - 4 * g < 4 ? 16 * (NV - 4 * g) : 64, x + 4 * g);
+        if (fold) fold_tail(NT, x + 4 * NG);
         pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
             const __m512 w = _mm512_set1_ps(p[(size_t)h * ldp + c]);
@@ -542,12 +598,25 @@ AI void pvf_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const int *
     }
     for (int h = 0; h < R; h++) {
         const __m512 al = _mm512_set1_ps(alpha ? alpha[h] : 1.0f);
-        for (int g = 0; 4 * g < NV; g++) {
+        const __m512 *ah = acc + h * NA;
+        float *oh = o + (size_t)h * dp + j;
+        for (int g = 0; g < NG; g++) {
             __m512 n[4];
-            f8l_order(acc + h * NA + 4 * g, n);
-            for (int u = 0; u < 4 && 4 * g + u < NV; u++) {
-                float *oh = o + (size_t)h * dp + j + 16 * (4 * g + u);
-                _mm512_store_ps(oh, _mm512_fmadd_ps(_mm512_load_ps(oh), al, n[u]));
+            f8l_order(ah + 4 * g, n);
+            for (int u = 0; u < 4; u++) {
+                float *ou = oh + 64 * g + 16 * u;
+                _mm512_store_ps(ou, _mm512_fmadd_ps(_mm512_load_ps(ou), al, n[u]));
+            }
+        }
+        if (NT > 0) {
+            __m512 a[4], n[4];
+            if (fold) unfold_tail(NT, ah + 4 * NG, a);
+            else
+                for (int u = 0; u < 4; u++) a[u] = ah[4 * NG + u];
+            f8l_order(a, n);
+            for (int u = 0; u < NT; u++) {
+                float *ou = oh + 64 * NG + 16 * u;
+                _mm512_store_ps(ou, _mm512_fmadd_ps(_mm512_load_ps(ou), al, n[u]));
             }
         }
     }
@@ -689,8 +758,8 @@ AI void pvz_tail(int R, pa_dtype dt, const void *const *vr, const int *idx, int 
         j += 16 * w;                                                                                 \
     }
 
-AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
-                 const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
+AI void pvz_rows_in(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+                    const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
 {
     /* (vr: cache rows, bf16 ones pair-split in pvz_chunk; vd: a dense tile) */
     const int NVM = vr && (R == 2 || R == 4) ? 16 / R : R == 8 ? 2 : R >= 4 ? 12 / R : R == 3 ? 4 : R == 2 ? 6 : 8;
@@ -699,6 +768,48 @@ AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, con
     int j = 0;
     PVZ_CHUNKS(dp)
     pfc_step(&pc, -1);
+}
+
+/* pvz_rows over fp8 cache rows by the tables (f8l), one function per format and row count (1..4:
+ * pv_src_lut's groups). Inlined into pv_src_lut beside every other instance, gcc kept the
+ * accumulators of the chunks narrower than 64 dims in memory as well, storing all of them on
+ * every key: with that, head size 96 took longer than 128 (bench/NOTES.md, fiftieth pass). */
+#define PVF_ROWS(T, t, R)                                                                                \
+    static __attribute__((noinline)) void pv_rows##R##_##t##_lut(const void *const *vr, const int *idx, int nv, \
+                                                             const float *p, int ldp, int dp,            \
+                                                             const float *alpha, float *o,               \
+                                                             const pa__cpu_pf *pf)                       \
+    {                                                                                                    \
+        pvz_rows_in(R, PA__CPU_##T, vr, NULL, idx, nv, p, ldp, dp, alpha, o, pf);                         \
+    }
+PVF_ROWS(E4M3L, e4m3, 1)
+PVF_ROWS(E4M3L, e4m3, 2)
+PVF_ROWS(E4M3L, e4m3, 3)
+PVF_ROWS(E4M3L, e4m3, 4)
+PVF_ROWS(E5M2L, e5m2, 1)
+PVF_ROWS(E5M2L, e5m2, 2)
+PVF_ROWS(E5M2L, e5m2, 3)
+PVF_ROWS(E5M2L, e5m2, 4)
+#undef PVF_ROWS
+
+AI void pvz_rows(int R, pa_dtype dt, const void *const *vr, const float *vd, const int *idx, int nv,
+                 const float *p, int ldp, int dp, const float *alpha, float *o, const pa__cpu_pf *pf)
+{
+    if (!f8l(dt)) {
+        pvz_rows_in(R, dt, vr, vd, idx, nv, p, ldp, dp, alpha, o, pf);
+        return;
+    }
+#define PVF_CASE(t)                                                                                      \
+    switch (R) {                                                                                         \
+    case 1: pv_rows1_##t##_lut(vr, idx, nv, p, ldp, dp, alpha, o, pf); break;                            \
+    case 2: pv_rows2_##t##_lut(vr, idx, nv, p, ldp, dp, alpha, o, pf); break;                            \
+    case 3: pv_rows3_##t##_lut(vr, idx, nv, p, ldp, dp, alpha, o, pf); break;                            \
+    case 4: pv_rows4_##t##_lut(vr, idx, nv, p, ldp, dp, alpha, o, pf); break;                            \
+    default: __builtin_trap(); /* (never: groups of at most 4 rows) */                                  \
+    }
+    if (dt == PA__CPU_E4M3L) PVF_CASE(e4m3)
+    else PVF_CASE(e5m2)
+#undef PVF_CASE
 }
 
 /* pvz_rows for the tail entries (qk_src_tail, pv_src_tail): R 4 or 1, the whole vectors in

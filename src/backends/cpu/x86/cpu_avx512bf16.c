@@ -38,26 +38,45 @@ AI __m512i ld_w(const void *p, int n)
     return n == 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p);
 }
 
-/* 32 bf16 values at p, or (m < 32) the first 16 and zeros (the rest is never read) */
-AI __m512bh ld32(const void *p, int m)
+AI __m256bh as_bh256(__m256i x)
 {
-    return as_bh(ld_w(p, m == 32 ? 32 : 16));
+    __m256bh r;
+    memcpy(&r, &x, sizeof r);
+    return r;
 }
 
-/* S[r][c0 .. c0 + KB) = scale * dot for the R rows at q: R x KB accumulators over 32-dim steps
- * (a last step of 16 when dp % 32 == 16). */
+/* x in the low half, zeros above (vmovaps ymm: no shuffle) */
+AI __m512 zext256(__m256 x)
+{
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(x), 0));
+}
+
+/* S[r][c0 .. c0 + KB) = scale * dot for the R rows at q: R x KB accumulators over 32-dim steps.
+ * Where dp % 32 == 16 the last 16 dims go first, by 256-bit dot products whose sums start the
+ * accumulators' low halves: a 512-bit step over them (half its lanes zero) costs Zen 4, whose
+ * units are 256 bits wide, twice as much (bench/NOTES.md, fiftieth pass). */
 AI void qkb_block(int R, int KB, const void *const *krows, int c0, const uint16_t *q, int dp, float scale,
                   float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16];
-    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-    for (int j = 0; j < dp; j += 32) {
-        const int m = dp - j >= 32 ? 32 : 16;
-        __m512bh x[16];
-        for (int u = 0; u < KB; u++) x[u] = ld32((const uint16_t *)krows[c0 + u] + j, m);
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps(); /* (store_scores may sum all 16) */
+    const int df = dp / 32 * 32;
+    if (df < dp) {
+        __m256bh x[16];
+        for (int u = 0; u < KB; u++)
+            x[u] = as_bh256(_mm256_loadu_si256((const __m256i *)((const uint16_t *)krows[c0 + u] + df)));
         pfc_step(pc, per);
         for (int h = 0; h < R; h++) {
-            __m512bh w = ld32(q + (size_t)h * dp + j, m);
+            const __m256bh w = as_bh256(_mm256_loadu_si256((const __m256i *)(q + (size_t)h * dp + df)));
+            for (int u = 0; u < KB; u++) a[h * KB + u] = zext256(_mm256_dpbf16_ps(_mm256_setzero_ps(), w, x[u]));
+        }
+    }
+    for (int j = 0; j < df; j += 32) {
+        __m512bh x[16];
+        for (int u = 0; u < KB; u++) x[u] = as_bh(_mm512_loadu_si512((const uint16_t *)krows[c0 + u] + j));
+        pfc_step(pc, per);
+        for (int h = 0; h < R; h++) {
+            __m512bh w = as_bh(_mm512_loadu_si512(q + (size_t)h * dp + j));
             for (int u = 0; u < KB; u++) a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], w, x[u]);
         }
     }
@@ -379,23 +398,58 @@ AI VBMI void qkl_step(int R, int KB, int m, const f8lut *t, const void *const *k
     }
 }
 
+/* The last 32 or 16 dims (m) of a row, folded: the byte unpacks leave their words in blocks 0
+ * and 1 (m 32) or 0 (m 16) of two vectors, which one 512-bit vector (m 32: blocks 0, 1 of x0,
+ * then of x1) or one 256-bit half (m 16: block 0 of x0, then of x1) holds: the query rows come
+ * folded alike (qkl_rows) */
+AI __m512i fold_words(int m, __m512i x0, __m512i x1)
+{
+    if (m == 32) return _mm512_shuffle_i32x4(x0, x1, 0x44);
+    const __m256i lo = _mm256_inserti128_si256(_mm512_castsi512_si256(x0), _mm512_castsi512_si128(x1), 1);
+    return _mm512_castsi256_si512(lo);
+}
+
+/* qkl_step over the last m (16 or 32) dims, folded (fold_words), into accumulators still zero:
+ * one 512-bit dot product per row and key instead of two (m 32), one 256-bit one (m 16); taken
+ * first, so that the 256-bit sums start the accumulators (zext256) */
+AI VBMI void qkl_first(int R, int KB, int m, const f8lut *t, const void *const *krows, int c0, const __m512i *qf,
+                       int j, __m512 *a)
+{
+    for (int u = 0; u < KB; u++) {
+        __m512i hi, lo;
+        f8lut_bytes(t, ld_e4((const char *)krows[c0 + u] + j, m), &hi, &lo);
+        const __m512i x = fold_words(m, _mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi));
+        for (int h = 0; h < R; h++) {
+            if (m == 32) {
+                a[h * KB + u] = _mm512_dpbf16_ps(a[h * KB + u], as_bh(qf[2 * h]), as_bh(x));
+                continue;
+            }
+            const __m256bh q = as_bh256(_mm512_castsi512_si256(qf[2 * h]));
+            a[h * KB + u] = zext256(_mm256_dpbf16_ps(_mm256_setzero_ps(), q, as_bh256(_mm512_castsi512_si256(x))));
+        }
+    }
+}
+
 /* S[h][c0 .. c0 + KB) for R (1..4) rows as qkb_block, the keys from E4M3 by the tables, 64
- * dims a step; qu[(s * 4 + h) * 2 + i]: row h's permuted query words of step s */
-AI VBMI void qkl_block(int R, int KB, const f8lut *t, const void *const *krows, int c0, const __m512i *qu, int dp,
-                       float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
+ * dims a step, a last m = 16 or 32 first (qkl_first), a last 48 last; qu[(s * 4 + h) * 2 + i]: row
+ * h's permuted query words of step s (of a folded last step: qu[(s * 4 + h) * 2]) */
+AI VBMI void qkl_block(int R, int KB, int m, const f8lut *t, const void *const *krows, int c0, const __m512i *qu,
+                       int dp, float scale, float *s, int lds, pa__cpu_pfc *pc, int per)
 {
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 64 <= dp; j += 64) {
+    const int df = dp - m; /* (m = dp % 64, a constant in each instance: qkl_rows) */
+    if (m == 16 || m == 32) {
+        qkl_first(R, KB, m, t, krows, c0, qu + df / 64 * 8, df, a);
+        pfc_step(pc, per);
+    }
+    for (int j = 0; j < df; j += 64) {
         qkl_step(R, KB, 64, t, krows, c0, qu + j / 64 * 8, j, a);
         pfc_step(pc, per);
     }
-    switch (dp - j) {
-    case 48: qkl_step(R, KB, 48, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
-    case 32: qkl_step(R, KB, 32, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
-    case 16: qkl_step(R, KB, 16, t, krows, c0, qu + j / 64 * 8, j, a); pfc_step(pc, per); break;
-    default: break;
+    if (m == 48) {
+        qkl_step(R, KB, 48, t, krows, c0, qu + df / 64 * 8, df, a);
+        pfc_step(pc, per);
     }
     store_scores(R, KB, a, scale, s, lds, c0);
 }
@@ -419,15 +473,28 @@ AI VBMI void qkl_rows(const uint8_t *tab, int R, const void *const *krows, int n
                 qa = _mm512_permutex2var_epi16(q0, ia, q1);
                 qb = _mm512_permutex2var_epi16(q0, ib, q1);
             }
-            qu[(j / 64 * 4 + h) * 2] = qa;
+            const int rest = dp - j;
+            qu[(j / 64 * 4 + h) * 2] = rest == 16 || rest == 32 ? fold_words(rest, qa, qb) : qa; /* (qkl_first) */
             qu[(j / 64 * 4 + h) * 2 + 1] = qb;
         }
     const int KB = qk_keys_per_block(R);
     pa__cpu_pfc pc = pfc_init(pf);
     const int per = pfc_per(pf, nc / KB * ((dp + 63) / 64));
+    /* one loop per last step (with the step a variable, the accumulators of a head size 96 went
+     * through memory: the decode's QK took 1.5 times head size 128's; fiftieth pass) */
     int c = 0;
-    for (; c + KB <= nc; c += KB) qkl_block(R, KB, &t, krows, c, qu, dp, scale, s, lds, &pc, per);
-    for (; c < nc; c++) qkl_block(R, 1, &t, krows, c, qu, dp, scale, s, lds, &pc, 0);
+#define QKL_LOOP(M)                                                                                      \
+    do {                                                                                                 \
+        for (; c + KB <= nc; c += KB) qkl_block(R, KB, M, &t, krows, c, qu, dp, scale, s, lds, &pc, per); \
+        for (; c < nc; c++) qkl_block(R, 1, M, &t, krows, c, qu, dp, scale, s, lds, &pc, 0);             \
+    } while (0)
+    switch (dp % 64) {
+    case 16: QKL_LOOP(16); break;
+    case 32: QKL_LOOP(32); break;
+    case 48: QKL_LOOP(48); break;
+    default: QKL_LOOP(0); break;
+    }
+#undef QKL_LOOP
     pfc_step(&pc, -1);
 }
 
@@ -497,13 +564,34 @@ AI VBMI void qklp_rows(const uint8_t *tab, int R, const void *const *krows, int 
     pfc_step(&pc, -1);
 }
 
+/* qkl_rows and qklp_rows, one function per row count. Inlined all into one (98 KB of code), gcc
+ * kept some instances' accumulators in memory as well, storing them on every key: with the
+ * folded last steps above, E4M3 decode at head size 128 ran 6-10% slower than before them,
+ * L2-resident (bench/NOTES.md, fiftieth pass). */
+#define QKL_ROWS(F, R)                                                                                   \
+    static VBMI __attribute__((noinline)) void F##R##_lut(const uint8_t *tab, const void *const *krows, int nc, \
+                                                       const uint16_t *q, int dp, float scale, float *s,  \
+                                                       int lds, const pa__cpu_pf *pf)                     \
+    {                                                                                                    \
+        F(tab, R, krows, nc, q, dp, scale, s, lds, pf);                                                  \
+    }
+QKL_ROWS(qkl_rows, 1)
+QKL_ROWS(qkl_rows, 2)
+QKL_ROWS(qkl_rows, 3)
+QKL_ROWS(qkl_rows, 4)
+QKL_ROWS(qklp_rows, 5)
+QKL_ROWS(qklp_rows, 6)
+QKL_ROWS(qklp_rows, 7)
+QKL_ROWS(qklp_rows, 8)
+#undef QKL_ROWS
+
 /* Any number of rows (QK_ROW_GROUPS): row pairs by qklp_rows, blocks by qkl_rows; the keys'
  * format by its table */
 AI VBMI void qk_src_lut(const uint8_t *tab, const void *const *krows, int nc, const uint16_t *q16, int nr, int dp,
                         float scale, float *s, int lds, const pa__cpu_pf *pf)
 {
-#define PAIRS(R) qklp_rows(tab, R, krows, nc, qr, dp, scale, sr, lds, pp)
-#define BLOCKS(R) qkl_rows(tab, R, krows, nc, qr, dp, scale, sr, lds, pp)
+#define PAIRS(R) qklp_rows##R##_lut(tab, krows, nc, qr, dp, scale, sr, lds, pp)
+#define BLOCKS(R) qkl_rows##R##_lut(tab, krows, nc, qr, dp, scale, sr, lds, pp)
     QK_ROW_GROUPS(PAIRS, BLOCKS);
 #undef PAIRS
 #undef BLOCKS
