@@ -95,6 +95,12 @@ static inline __m512 pa_sim_dpbf16(__m512 src, __m512bh a, __m512bh b) { float s
   memcpy(&r, s, 64); return r; }
 #undef _mm512_dpbf16_ps
 #define _mm512_dpbf16_ps(s, a, b) pa_sim_dpbf16((s), (a), (b))
+/* the 256-bit form: the low half of the 512-bit one */
+static inline __m256 pa_sim_dpbf16_256(__m256 src, __m256bh a, __m256bh b) { __m512 s = _mm512_setzero_ps();
+  __m512bh x, y; memset(&x, 0, 64); memset(&y, 0, 64); memcpy(&s, &src, 32); memcpy(&x, &a, 32); memcpy(&y, &b, 32);
+  __m512 r = pa_sim_dpbf16(s, x, y); __m256 h; memcpy(&h, &r, 32); return h; }
+#undef _mm256_dpbf16_ps
+#define _mm256_dpbf16_ps(s, a, b) pa_sim_dpbf16_256((s), (a), (b))
 static inline __m512bh _mm512_cvtne2ps_pbh(__m512 a, __m512 b) { float fa[16], fb[16]; uint16_t w[32]; __m512bh r;
   memcpy(fa, &a, 64); memcpy(fb, &b, 64); for (int i = 0; i < 16; i++) { w[i] = pa_sim_rne(fb[i]); w[16 + i] = pa_sim_rne(fa[i]); }
   memcpy(&r, w, 64); return r; }
