@@ -523,14 +523,16 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
  * accumulators in the tables' order (f8l_cvt's: 4 per row whatever part of the group is dims),
  * starting at 0 and put in order and added to alpha * O at the end (as the bf16 pairs below).
  * A last group of 16, 32 or 48 dims leaves f8l_cvt's 4 vectors with 1, 2 or 3 of their 4 blocks
- * used: where the rows are enough to pay for it (fold_pays) they are folded into 1, 2 or 3 full
- * vectors (fold_tail) before the FMAs and unfolded (unfold_tail) before the reorder, so the same
- * products go into the same sums in the same order (the same bits) in fewer FMAs. Head size 96
- * had cost as much as 128 (bench/NOTES.md, fiftieth pass). */
+ * used: with two rows or more (fold_pays) they are folded into 1, 2 or 3 full vectors
+ * (fold_tail) before the FMAs and unfolded (unfold_tail) before the reorder, so the same products
+ * go into the same sums in the same order (the same bits) in fewer FMAs. Head size 96 had cost
+ * as much as 128 (bench/NOTES.md, fiftieth pass). */
 AI bool fold_pays(int R, int nt)
 {
-    /* (1 to 3 shuffles a key against 3, 2 or 1 FMAs saved per row) */
-    return nt == 1 || nt == 2 ? R >= 2 : nt == 3 && R >= 4;
+    /* (1 to 3 shuffles a key against 3, 2 or 1 FMAs saved per row; for 48 dims at 2 rows the
+     * unfolded instance kept its accumulators in memory, 27% slower than folded: GQA 2 at head
+     * size 112, fiftieth pass) */
+    return nt >= 1 && nt <= 3 && R >= 2;
 }
 
 /* the permutation taking blocks s0 .. s3 (0-3: the first operand's, 4-7: the second's) */
