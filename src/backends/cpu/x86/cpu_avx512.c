@@ -523,18 +523,10 @@ static void a5_qk_src_pairs(pa_dtype dtype, const void *const *krows, int nc, co
  * accumulators in the tables' order (f8l_cvt's: 4 per row whatever part of the group is dims),
  * starting at 0 and put in order and added to alpha * O at the end (as the bf16 pairs below).
  * A last group of 16, 32 or 48 dims leaves f8l_cvt's 4 vectors with 1, 2 or 3 of their 4 blocks
- * used: with two rows or more (fold_pays) they are folded into 1, 2 or 3 full vectors
+ * used: with two rows or more they are folded into 1, 2 or 3 full vectors
  * (fold_tail) before the FMAs and unfolded (unfold_tail) before the reorder, so the same products
  * go into the same sums in the same order (the same bits) in fewer FMAs. Head size 96 had cost
  * as much as 128 (bench/NOTES.md, fiftieth pass). */
-AI bool fold_pays(int R, int nt)
-{
-    /* (1 to 3 shuffles a key against 3, 2 or 1 FMAs saved per row; for 48 dims at 2 rows the
-     * unfolded instance kept its accumulators in memory, 27% slower than folded: GQA 2 at head
-     * size 112, fiftieth pass) */
-    return nt >= 1 && nt <= 3 && R >= 2;
-}
-
 /* the permutation taking blocks s0 .. s3 (0-3: the first operand's, 4-7: the second's) */
 AI __m512i blocks_idx(int s0, int s1, int s2, int s3)
 {
@@ -581,7 +573,10 @@ AI void pvf_chunk(int R, int NV, pa_dtype dt, const void *const *vr, const int *
                   int j, int dp, const float *alpha, float *o, pa__cpu_pfc *pc, int per)
 {
     const int NG = NV / 4, NT = NV % 4;                   /* whole groups; vectors of the last one */
-    const bool fold = NT > 0 && fold_pays(R, NT);         /* (fold_tail) */
+    /* (1 to 3 shuffles a key against 3, 2 or 1 FMAs saved per row; one row saves too little,
+     * and unfolded at 2 rows the 48-dim group's accumulators stayed in memory: GQA 2 at head
+     * size 112 27% slower; fiftieth pass) */
+    const bool fold = NT > 0 && R >= 2;
     const int NA = 4 * NG + (NT == 0 ? 0 : fold ? NT : 4); /* accumulators per row */
     if (R * NA > 16) __builtin_trap(); /* (never: pv_src_lut's groups of at most 4 rows, pvz_rows' widths) */
     __m512 acc[16];
